@@ -1,0 +1,1 @@
+"""The tenant SDK and example controllers (filled by the macro-loop issue)."""
