@@ -1,1 +1,1 @@
-"""TODO"""
+"""nats-server configuration for HarmonAIze: accounts per tenant, JetStream, rendered from the tenant registry."""

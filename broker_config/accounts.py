@@ -1,0 +1,58 @@
+"""What the control plane and the broker agree on about a tenant's NATS identity.
+
+The tenant registry (the API's database) is the source of truth; the broker configuration is rendered from it. The
+API only needs this small port: make a fresh user key pair, and apply the full list of tenants. Applying is
+level-triggered (the whole registry each time), so a failed or repeated apply is repaired by the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+EVENTS_STREAM = "HZ_EVENTS"
+"""Name of the events stream, in the provider's account (all tenants) and in each tenant's account (its slice)."""
+
+
+@dataclass(frozen=True)
+class TenantAccount:
+    """A tenant as the broker sees it: its id and the public nkey of its user (never the seed)."""
+
+    tenant: str
+    user_public_key: str
+
+
+@dataclass(frozen=True)
+class UserKeys:
+    """A freshly generated NATS user key pair. The seed is shown to the tenant once and never stored."""
+
+    public_key: str
+    seed: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class TenantNatsCredentials:
+    """What a tenant needs to connect: servers, its user seed, and where its events are."""
+
+    servers: list[str]
+    account: str
+    user_public_key: str
+    seed: str = field(repr=False)
+    stream: str = EVENTS_STREAM
+    subject_prefix: str = ""
+
+
+class TenantBroker(Protocol):
+    """The broker operations the control plane depends on."""
+
+    def new_user_keys(self) -> UserKeys:
+        """Generate a key pair for a new tenant user."""
+        ...
+
+    async def apply(self, tenants: Sequence[TenantAccount]) -> None:
+        """Make the broker serve exactly these tenants (accounts, permissions, event streams); idempotent."""
+        ...
+
+    def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
+        """The connection details to hand to a tenant whose user has `keys`."""
+        ...
