@@ -10,10 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-EVENTS_STREAM = "HZ_EVENTS"
-"""Name of the events stream, in the provider's account (all tenants) and in each tenant's account (its slice)."""
-
-
 @dataclass(frozen=True)
 class TenantAccount:
     """A tenant as the broker sees it: its id and the public nkey of its user (never the seed)."""
@@ -38,8 +34,8 @@ class TenantNatsCredentials:
     account: str
     user_public_key: str
     seed: str = field(repr=False)
-    stream: str = EVENTS_STREAM
-    subject_prefix: str = ""
+    stream: str
+    subject_prefix: str
 
 
 class TenantBroker(Protocol):

@@ -1,0 +1,184 @@
+"""Keep the running broker in step with the tenant registry, without restarting it.
+
+`apply(tenants)` is level-triggered: it renders the accounts file from the whole registry, reloads the server if the
+file changed, then makes sure the provider's stream and every tenant's sourced stream exist. The control plane calls
+it at start-up (repairing whatever a crash left half done) and whenever a tenant is created or removed.
+
+Why config reload rather than JWT operator mode or auth callout: the registry is small and lives in the provider's
+database already; a reload is one signal, keeps existing connections, needs no extra signing service or key
+hierarchy, and leaves the whole authorization policy readable in one rendered file. The cost is that the control plane
+must be able to signal the server (same host or shared pid namespace); operator mode would be the step up for a
+broker run by a separate team.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import nats
+from nats.aio.client import Client
+from nats.js.errors import NotFoundError
+
+from broker_config import keys as nkeys_util
+from broker_config.accounts import TenantAccount, TenantNatsCredentials, UserKeys
+from broker_config.keys import ProviderKeys
+from broker_config.render import render_accounts, tenant_account_name, tenant_stream_name, write_atomically
+from broker_config.server import BrokerError, check_accounts_text
+from broker_config.streams import tenant_events_stream, tenant_pull_consumer
+from nats.js.api import ConsumerConfig, StreamConfig
+
+
+def reload_by_pid_file(pid_file: Path) -> Callable[[], None]:
+    """A reload function that signals the nats-server whose pid is in `pid_file`."""
+
+    def reload() -> None:
+        try:
+            pid = int(pid_file.read_text().strip())
+            os.kill(pid, signal.SIGHUP)
+        except (OSError, ValueError) as exc:
+            raise BrokerError(f"cannot reload the broker through {pid_file}: {exc}") from exc
+
+    return reload
+
+
+async def connect_with_seed(servers: Sequence[str], seed: str, *, timeout: float = 2.0, **options: object) -> Client:
+    """One connection attempt, no reconnect loop: for probing whether credentials are accepted yet."""
+    return await nats.connect(
+        servers=list(servers),
+        nkeys_seed_str=seed,
+        connect_timeout=timeout,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def _connect_until_accepted(servers: Sequence[str], seed: str, *, deadline: float) -> Client:
+    """After a reload the server takes a moment to load a new account; retry until it accepts us or time runs out."""
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return await connect_with_seed(servers, seed, timeout=1.0, error_cb=_ignore)
+        except Exception as exc:  # nats-py raises several types for "not yet authorized"
+            last = exc
+            await asyncio.sleep(0.05)
+    raise BrokerError(f"the broker did not accept the account in time: {last!r}")
+
+
+async def _ignore(_: Exception) -> None:
+    return None
+
+
+async def ensure_stream(client: Client, config: StreamConfig) -> None:
+    """Create the stream, or update it when its configuration drifted."""
+    js = client.jetstream()
+    try:
+        info = await js.stream_info(config.name)  # type: ignore[arg-type]
+    except NotFoundError:
+        await js.add_stream(config)
+        return
+    current = info.config
+    if (current.subjects or []) != (config.subjects or []) or (current.sources or []) != (config.sources or []):
+        await js.update_stream(config)
+
+
+async def _config_load_time(system: Client) -> str:
+    """When the server last (re)loaded its config, asked through the system account."""
+    reply = await system.request("$SYS.REQ.SERVER.PING.VARZ", b"{}", timeout=2.0)
+    return str(json.loads(reply.data)["data"]["config_load_time"])
+
+
+async def _reload_and_wait(system: Client, reload: Callable[[], None], *, deadline: float) -> None:
+    """Signal a reload and return once the server reports it done, so nobody connects mid-reload."""
+    before = await _config_load_time(system)
+    reload()
+    while time.monotonic() < deadline:
+        if await _config_load_time(system) != before:
+            return
+        await asyncio.sleep(0.02)
+    raise BrokerError("the broker did not finish reloading its config in time (see its log)")
+
+
+class NatsTenantBroker:
+    """The control plane's handle on the broker: tenant accounts, credentials, streams and consumers."""
+
+    def __init__(
+        self,
+        *,
+        servers: Sequence[str],
+        provider_secret: bytes,
+        accounts_file: Path,
+        reload: Callable[[], None],
+        replicas: int = 1,
+        ready_timeout: float = 10.0,
+    ) -> None:
+        self.servers = list(servers)
+        self.keys = ProviderKeys(provider_secret)
+        self.accounts_file = Path(accounts_file)
+        self._reload = reload
+        self.replicas = replicas
+        self.ready_timeout = ready_timeout
+        self._lock = asyncio.Lock()
+        self._streams_ready: set[str] = set()
+
+    def new_user_keys(self) -> UserKeys:
+        return nkeys_util.new_user_keys()
+
+    def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
+        return TenantNatsCredentials(
+            servers=self.servers,
+            account=tenant_account_name(tenant),
+            user_public_key=keys.public_key,
+            seed=keys.seed,
+            stream=tenant_stream_name(tenant),
+            subject_prefix=f"hz.t.{tenant}.",
+        )
+
+    async def provider_connection(self, **options: object) -> Client:
+        """A connection in the provider's account (agents, control plane)."""
+        return await nats.connect(servers=self.servers, nkeys_seed_str=self.keys.provider.seed, **options)  # type: ignore[arg-type]
+
+    async def apply(self, tenants: Sequence[TenantAccount]) -> None:
+        async with self._lock:
+            text = render_accounts(self.keys, tenants)
+            current = self.accounts_file.read_text() if self.accounts_file.exists() else None
+            deadline = time.monotonic() + self.ready_timeout
+            if text != current:
+                check_accounts_text(text, scratch_dir=self.accounts_file.parent / ".check")
+                system = await _connect_until_accepted(self.servers, self.keys.system.seed, deadline=deadline)
+                try:
+                    write_atomically(self.accounts_file, text)
+                    await _reload_and_wait(system, self._reload, deadline=deadline)
+                    # nats-server 2.15 leaves a service import with a streamed response (the pull API) unanswered
+                    # ("no responders") when its account is added by a reload, until the next reload.
+                    await _reload_and_wait(system, self._reload, deadline=deadline)
+                finally:
+                    await system.close()
+            wanted = {t.tenant for t in tenants}
+            self._streams_ready &= wanted
+            missing = sorted(wanted - self._streams_ready)
+            if not missing:
+                return
+            provider = await _connect_until_accepted(self.servers, self.keys.provider.seed, deadline=deadline)
+            try:
+                for tenant in missing:
+                    await ensure_stream(provider, tenant_events_stream(tenant, replicas=self.replicas))
+                    self._streams_ready.add(tenant)
+            finally:
+                await provider.close()
+
+    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str] = ()) -> ConsumerConfig:
+        """Create (or update) a tenant's durable pull consumer; its filters must lie inside the tenant's slice."""
+        config = tenant_pull_consumer(tenant, name, filter_subjects=filter_subjects)
+        provider = await connect_with_seed(self.servers, self.keys.provider.seed, timeout=self.ready_timeout)
+        try:
+            info = await provider.jetstream().add_consumer(tenant_stream_name(tenant), config)
+        finally:
+            await provider.close()
+        return info.config

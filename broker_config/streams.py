@@ -1,0 +1,65 @@
+"""The JetStream streams and consumers HarmonAIze relies on, defined once.
+
+Each tenant's events live in one provider-side stream, `HZ_T_<tenant>` over `hz.t.<tenant>.>`; a PubAck from it means
+the event is stored where its tenant reads it. Tenants read through pull consumers the provider creates for them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+
+from broker_config.render import tenant_slice, tenant_stream_name
+from harmonaize.ids import validate_id
+
+EVENT_RETENTION_S = 7 * 24 * 3600.0
+DUPLICATE_WINDOW_S = 120.0
+TENANT_STREAM_MAX_BYTES = 1 << 30
+ACK_WAIT_S = 30.0
+
+
+class ConsumerFilterError(ValueError):
+    """A consumer filter that would reach outside the tenant's slice."""
+
+
+def tenant_events_stream(tenant: str, *, replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=tenant_stream_name(tenant),
+        subjects=[tenant_slice(tenant)],
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=EVENT_RETENTION_S,
+        max_bytes=TENANT_STREAM_MAX_BYTES,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
+def check_filter_in_slice(tenant: str, subject: str) -> str:
+    """Return `subject` if it names only subjects of `tenant`'s slice, else raise ConsumerFilterError."""
+    prefix = ["hz", "t", validate_id("tenant", tenant)]
+    tokens = subject.split(".")
+    if tokens[:3] != prefix or len(tokens) < 4 or any(not t or " " in t for t in tokens):
+        raise ConsumerFilterError(f"filter {subject!r} is not inside the tenant's slice {tenant_slice(tenant)!r}")
+    if ">" in tokens[:-1]:
+        raise ConsumerFilterError(f"filter {subject!r}: '>' may only be the last token")
+    return subject
+
+
+def tenant_pull_consumer(
+    tenant: str, name: str, *, filter_subjects: Sequence[str] = (), max_ack_pending: int = 1000
+) -> ConsumerConfig:
+    """A durable pull consumer on a tenant's stream; explicit acks, so a restarted reader resumes at its ack point."""
+    filters = [check_filter_in_slice(tenant, f) for f in filter_subjects] or [tenant_slice(tenant)]
+    config = ConsumerConfig(
+        durable_name=validate_id("consumer", name),
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ACK_WAIT_S,
+        max_ack_pending=max_ack_pending,
+    )
+    if len(filters) == 1:
+        config.filter_subject = filters[0]
+    else:
+        config.filter_subjects = filters
+    return config
