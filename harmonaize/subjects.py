@@ -52,7 +52,7 @@ REST: Final = ">"
 """Multi-token wildcard, for the last position of `provider_filter`."""
 
 ALL_TENANT_EVENTS: Final = f"{TENANT_ROOT}.*.events.*.*"
-"""Every tenant's events: the subject filter of the provider's event-history stream."""
+"""Every tenant's events and nothing else (e.g. a provider-side auditor); per-tenant streams use `tenant_slice`."""
 
 _EVENTS: Final = "events"
 _JOBS: Final = "jobs"

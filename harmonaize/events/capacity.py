@@ -4,6 +4,10 @@ Free GPUs are reported per locality group as a bucket, not a count: a count per 
 let a tenant watch other tenants come and go. The bucket thresholds live in one function
 (`bucket_for_free_gpus`) so the provider's projection and any test agree on them. The one exact number is
 `max_workers`, the size the provider would grant this job now, which is the job's own business.
+
+The bucket edges sit on powers of two (0 | 1-3 | 4-15 | 16+) so that they coincide with edges of the API's
+power-of-two capacity buckets (`GET` capacity reports 0, 1, 2-3, 4-7, ...): a tenant comparing the two views never
+sees them contradict each other, and either can be derived from the other's lower bound.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ class Availability(StrEnum):
     """Free GPUs in a group, coarsely; ordered from nothing to plenty."""
 
     NONE = "none"  # 0
-    FEW = "few"  # 1-4
-    SOME = "some"  # 5-16
-    MANY = "many"  # more than 16
+    FEW = "few"  # 1-3
+    SOME = "some"  # 4-15
+    MANY = "many"  # 16 or more
 
 
 def bucket_for_free_gpus(free_gpus: int) -> Availability:
@@ -37,9 +41,9 @@ def bucket_for_free_gpus(free_gpus: int) -> Availability:
         raise ValueError(f"free_gpus must be >= 0, got {free_gpus}")
     if free_gpus == 0:
         return Availability.NONE
-    if free_gpus <= 4:
+    if free_gpus < 4:
         return Availability.FEW
-    if free_gpus <= 16:
+    if free_gpus < 16:
         return Availability.SOME
     return Availability.MANY
 

@@ -286,12 +286,13 @@ def test_topology_bounds(override: dict[str, Any], field: str) -> None:
 
 
 def test_capacity_buckets_and_bounds() -> None:
-    assert [bucket_for_free_gpus(n) for n in (0, 1, 4, 5, 16, 17)] == [
+    assert [bucket_for_free_gpus(n) for n in (0, 1, 3, 4, 15, 16, 1000)] == [
         Availability.NONE,
         Availability.FEW,
         Availability.FEW,
         Availability.SOME,
         Availability.SOME,
+        Availability.MANY,
         Availability.MANY,
     ]
     with pytest.raises(ValueError):
