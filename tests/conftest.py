@@ -1,0 +1,57 @@
+"""Fixtures shared by every test tier: a real nats-server on a free port with our rendered config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from broker_config.accounts import TenantAccount, UserKeys
+from broker_config.keys import ProviderKeys
+from broker_config.provisioner import NatsTenantBroker
+from broker_config.render import render_accounts
+from broker_config.server import NatsServer
+
+PROVIDER_SECRET = b"test-provider-secret-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def _clean_hz_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test builds its own Settings; a developer's HZ_* variables must not leak into it."""
+    for name in list(os.environ):
+        if name.startswith("HZ_") and not name.startswith("HZ_TEST_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def provider_secret() -> bytes:
+    return PROVIDER_SECRET
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path, provider_secret: bytes) -> Iterator[NatsServer]:
+    """A nats-server from the wheel, on a free port, serving our accounts (no tenants yet)."""
+    server = NatsServer(tmp_path / "nats", accounts_text=render_accounts(ProviderKeys(provider_secret), []))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tenant_broker(nats_server: NatsServer, provider_secret: bytes) -> NatsTenantBroker:
+    return NatsTenantBroker(
+        servers=[nats_server.url],
+        provider_secret=provider_secret,
+        accounts_file=nats_server.accounts_file,
+        reload=nats_server.reload,
+    )
+
+
+@pytest.fixture
+async def two_tenants(tenant_broker: NatsTenantBroker) -> AsyncIterator[dict[str, UserKeys]]:
+    """acme and globex, registered with the broker; their user keys."""
+    keys = {name: tenant_broker.new_user_keys() for name in ("acme", "globex")}
+    await tenant_broker.apply([TenantAccount(name, k.public_key) for name, k in keys.items()])
+    yield keys

@@ -1,0 +1,70 @@
+"""Small helpers for tests: wait on conditions with deadlines (never bare sleeps), count deliveries, capture errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 5.0, interval: float = 0.01, what: str = ""
+) -> float:
+    """Poll `predicate` until it holds; return the seconds it took, or fail naming `what`."""
+    start = time.monotonic()
+    deadline = start + timeout
+    while True:
+        result = predicate()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what or predicate!r}")
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class ClientProbe:
+    """A NATS connection that records the async errors the server sends (permission violations do not raise)."""
+
+    client: Client
+    errors: list[str] = field(default_factory=list)
+    disconnects: int = 0
+
+    def violations(self, needle: str = "") -> list[str]:
+        return [e for e in self.errors if "permissions violation" in e.lower() and needle.lower() in e.lower()]
+
+
+async def connect_probe(url: str, seed: str, **options: object) -> ClientProbe:
+    probe = ClientProbe(client=None)  # type: ignore[arg-type]
+
+    async def on_error(exc: Exception) -> None:
+        probe.errors.append(str(exc))
+
+    async def on_disconnect() -> None:
+        probe.disconnects += 1
+
+    probe.client = await nats.connect(
+        url, nkeys_seed_str=seed, error_cb=on_error, disconnected_cb=on_disconnect, **options  # type: ignore[arg-type]
+    )
+    return probe
+
+
+class Inbox:
+    """Collects messages from a subscription callback, so tests can assert exact counts."""
+
+    def __init__(self) -> None:
+        self.messages: list[Msg] = []
+
+    async def on_message(self, msg: Msg) -> None:
+        self.messages.append(msg)
+
+    @property
+    def subjects(self) -> list[str]:
+        return [m.subject for m in self.messages]
