@@ -1,0 +1,70 @@
+"""The app factory: `create_app(settings, broker=...)` builds one control-plane API, with no import-time state.
+
+Everything an app needs is passed in (settings, the broker port) or made in its lifespan (engine, sessionmaker), and
+kept on `app.state`, so any number of differently-configured apps can live in one process (tests do exactly that).
+
+Start-up order matters:
+1. refuse to start unless the schema is at the Alembic head (the schema comes only from migrations; the message
+   names `harmonaize db upgrade`);
+2. reconcile the broker with the registry (`broker.apply(all active tenants)`), so a broker that restarted empty, or
+   missed an apply, serves exactly the tenants the database knows before the first request arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.db import make_engine, make_sessionmaker
+from api.errors import install_error_handlers
+from api.migrate import check_schema_current
+from api.routes import build_router
+from api.services.tenants import TenantRegistry
+from broker_config.accounts import TenantBroker
+from harmonaize import __version__
+from harmonaize.settings import Settings
+
+
+class ConfigurationError(ValueError):
+    """The settings lack something the API cannot run without."""
+
+
+def _pseudonym_secret(settings: Settings) -> bytes:
+    if settings.admin_token is None or not settings.admin_token.get_secret_value():
+        raise ConfigurationError("HZ_ADMIN_TOKEN is not set: the API needs it to authenticate the provider's admin")
+    if settings.provider_secret is None or not settings.provider_secret.get_secret_value():
+        raise ConfigurationError(
+            "HZ_PROVIDER_SECRET is not set: the API derives per-tenant host pseudonyms from it "
+            "(keep it stable across restarts, or tenants see their hosts renamed)"
+        )
+    return settings.provider_secret.get_secret_value().encode()
+
+
+def create_app(settings: Settings, *, broker: TenantBroker) -> FastAPI:
+    """Build the control-plane API; the database and broker are touched only when its lifespan starts."""
+    secret = _pseudonym_secret(settings)
+    registry = TenantRegistry(broker)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.resolved_database_url)
+        try:
+            await check_schema_current(engine)
+            sessionmaker = make_sessionmaker(engine)
+            async with sessionmaker() as session:
+                await registry.reconcile(session)
+            app.state.engine = engine
+            app.state.sessionmaker = sessionmaker
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(title="HarmonAIze control plane", version=__version__, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.registry = registry
+    app.state.pseudonym_secret = secret
+    install_error_handlers(app)
+    app.include_router(build_router())
+    return app

@@ -1,0 +1,90 @@
+"""Named FastAPI dependencies: the session, the caller's identity, and what the app was built with.
+
+Tenant scoping is enforced in exactly one place: `CurrentTenant` turns a bearer token into a tenant, and tenant routes
+pass `tenant.id` into services that cannot query without it. No route repeats an ownership check, so none can forget one.
+
+Status codes: no token, an unknown token or a revoked tenant is 401 (not authenticated). A valid token on the wrong
+kind of route (a tenant token on an admin route, the admin token on a tenant route) is 403 with the reason.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.models import Tenant
+from api.services.tenants import TenantRegistry, authenticate
+from harmonaize.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`: the admin token or a tenant's")
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+async def _session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with request.app.state.sessionmaker() as session:
+        yield session
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def _registry(request: Request) -> TenantRegistry:
+    return request.app.state.registry
+
+
+def _pseudonym_secret(request: Request) -> bytes:
+    return request.app.state.pseudonym_secret
+
+
+SessionDep = Annotated[AsyncSession, Depends(_session)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+RegistryDep = Annotated[TenantRegistry, Depends(_registry)]
+PseudonymSecretDep = Annotated[bytes, Depends(_pseudonym_secret)]
+
+
+def _bearer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
+    if credentials is None or not credentials.credentials:
+        raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)", headers=_CHALLENGE)
+    return credentials.credentials
+
+
+BearerToken = Annotated[str, Depends(_bearer_token)]
+
+
+def is_admin_token(token: str, settings: Settings) -> bool:
+    """Constant-time comparison with the configured admin token."""
+    if settings.admin_token is None:
+        return False
+    return hmac.compare_digest(token.encode(), settings.admin_token.get_secret_value().encode())
+
+
+async def current_tenant(token: BearerToken, session: SessionDep, settings: SettingsDep) -> Tenant:
+    """The active tenant the token belongs to; every tenant route reads and writes through its id."""
+    if is_admin_token(token, settings):
+        raise HTTPException(403, "this route is for tenants: use a tenant's API token, not the admin token")
+    tenant = await authenticate(session, token)
+    if tenant is None:
+        raise HTTPException(401, "invalid tenant token", headers=_CHALLENGE)
+    if tenant.revoked_at is not None:
+        raise HTTPException(401, "this tenant has been revoked", headers=_CHALLENGE)
+    return tenant
+
+
+async def require_admin(token: BearerToken, session: SessionDep, settings: SettingsDep) -> None:
+    """Let only the provider's admin token through; say so plainly when a tenant tries."""
+    if is_admin_token(token, settings):
+        return
+    tenant = await authenticate(session, token)
+    if tenant is not None and tenant.revoked_at is None:
+        raise HTTPException(403, "this route is for the provider's admin: tenant tokens are not accepted")
+    raise HTTPException(401, "invalid admin token", headers=_CHALLENGE)
+
+
+CurrentTenant = Annotated[Tenant, Depends(current_tenant)]
+AdminDep = Annotated[None, Depends(require_admin)]

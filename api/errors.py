@@ -1,0 +1,95 @@
+"""One error shape for every failure: `{"reason": "...", "errors": [{"field": "body.min_workers", "message": ...}]}`.
+
+Validation errors name the field as `<where>.<path>` (`path.job_id`, `body.batch_size.max`), so a client can point at
+what to fix. Domain errors from the services map to statuses here, keeping HTTP out of the services. Integrity errors
+the services did not anticipate (a race on a unique key) are conflicts, not crashes; a pool timeout is a 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.schemas import ErrorDetail, ErrorPublic
+from api.services.errors import BrokerUnavailableError, ConflictError, NotFoundError, ServiceError
+from harmonaize.ids import ID_PATTERN
+
+_log = logging.getLogger(__name__)
+
+_SERVICE_STATUS: list[tuple[type[ServiceError], int]] = [
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (BrokerUnavailableError, 503),
+]
+
+_ID_MESSAGE = (
+    "must be an id: lowercase ASCII letters, digits, '_' and '-', starting with a letter or digit, "
+    "at most 63 characters"
+)
+
+
+def error_response(status: int, reason: str, *, errors: list[ErrorDetail] | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorPublic(reason=reason, errors=errors or [])
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _message(error: dict[str, Any]) -> str:
+    if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == ID_PATTERN:
+        return _ID_MESSAGE
+    message = str(error.get("msg", "invalid value"))
+    return message.removeprefix("Value error, ")
+
+
+async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    details = [ErrorDetail(field=_field(error["loc"]), message=_message(error)) for error in exc.errors()]
+    fields = ", ".join(dict.fromkeys(detail.field for detail in details))
+    return error_response(422, f"invalid request: {fields}", errors=details)
+
+
+async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+
+async def _on_service_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    status = next((code for kind, code in _SERVICE_STATUS if isinstance(exc, kind)), 400)
+    return error_response(status, exc.reason)
+
+
+async def _on_integrity_error(_request: Request, exc: Exception) -> JSONResponse:
+    _log.info("integrity error answered as a conflict: %s", exc)
+    return error_response(409, "the request conflicts with existing data")
+
+
+async def _on_pool_timeout(_request: Request, exc: Exception) -> JSONResponse:
+    _log.warning("database connection pool exhausted: %s", exc)
+    return error_response(503, "the database is busy; retry shortly", headers={"Retry-After": "1"})
+
+
+async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    _log.error("unhandled error", exc_info=exc)
+    return error_response(500, "internal error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error through `ErrorPublic`."""
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(ServiceError, _on_service_error)
+    app.add_exception_handler(IntegrityError, _on_integrity_error)
+    app.add_exception_handler(PoolTimeoutError, _on_pool_timeout)
+    app.add_exception_handler(Exception, _on_unexpected)

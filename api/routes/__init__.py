@@ -1,0 +1,24 @@
+"""HTTP routes under /v1, one module per resource; each translates HTTP to a service call and back.
+
+Tenant routes take `CurrentTenant` and query through its id; admin routes take `AdminDep`. A test walks every route
+of the app and checks that each one is either in the tenant set or refuses tenant tokens.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.routes import allocations, capacity, health, hosts, jobs, tenants
+from api.schemas import ErrorPublic
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorPublic} for status in (401, 403, 404, 409, 422, 503)
+}
+
+
+def build_router() -> APIRouter:
+    """All /v1 routes (a fresh router per app, so apps built in one process share no state)."""
+    router = APIRouter(prefix="/v1", responses=_ERRORS)
+    for module in (health, tenants, jobs, hosts, allocations, capacity):
+        router.include_router(module.router)
+    return router

@@ -1,0 +1,52 @@
+"""A tenant's jobs and their allocations (hosts and groups shown as the tenant's pseudonyms)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api.deps import CurrentTenant, PseudonymSecretDep, SessionDep
+from api.schemas import JobCreate, JobPublic, TenantAllocationPublic
+from api.services import jobs as service
+from api.services.ledger import list_placements
+from api.services.tenant_views import tenant_allocation
+from harmonaize.ids import JobId
+
+router = APIRouter(tags=["jobs"])
+
+
+@router.post("/jobs", status_code=201)
+async def create_job(body: JobCreate, tenant: CurrentTenant, session: SessionDep) -> JobPublic:
+    return JobPublic.from_model(await service.create_job(session, tenant_id=tenant.id, spec=body))
+
+
+@router.get("/jobs")
+async def list_jobs(
+    tenant: CurrentTenant,
+    session: SessionDep,
+    after: Annotated[JobId | None, Query(description="Last job id of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[JobPublic]:
+    jobs = await service.list_jobs(session, tenant_id=tenant.id, after=after, limit=limit)
+    return [JobPublic.from_model(job) for job in jobs]
+
+
+@router.get("/jobs/{job_id}")
+async def get_job(job_id: JobId, tenant: CurrentTenant, session: SessionDep) -> JobPublic:
+    return JobPublic.from_model(await service.get_job(session, tenant_id=tenant.id, job_id=job_id))
+
+
+@router.get("/jobs/{job_id}/allocations")
+async def list_job_allocations(
+    job_id: JobId,
+    tenant: CurrentTenant,
+    session: SessionDep,
+    secret: PseudonymSecretDep,
+    include_released: bool = False,
+) -> list[TenantAllocationPublic]:
+    await service.get_job(session, tenant_id=tenant.id, job_id=job_id)
+    placements = await list_placements(
+        session, tenant_id=tenant.id, job_id=job_id, include_released=include_released
+    )
+    return [tenant_allocation(placement, secret=secret) for placement in placements]

@@ -1,0 +1,268 @@
+"""Request and response bodies: `XCreate` is what a caller may send, `XPublic` what it gets back.
+
+Every bound a database column has is also a bound here (lengths, integer ranges, no control characters), so bad
+input is a 422 naming the field instead of a driver error surfacing as a 500. Bodies forbid unknown fields, so a typo
+(`min_worker`) is reported rather than silently replaced by a default.
+
+Two views of an allocation exist on purpose: the provider's (`AllocationPublic`, with host ids and locality groups)
+and the tenant's (`TenantAllocationPublic`), where both are per-tenant pseudonyms.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+
+from api.models import Compression, Host, Job, ParallelPlan
+from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
+
+MAX_INT = 1_000_000_000
+"""Upper bound for counts and step numbers: far beyond any real job, far below a 32-bit column's limit."""
+MAX_GPUS = 4096
+MAX_WORKERS = 4096
+MAX_POWERSGD_RANK = 1024
+
+DisplayText = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
+]
+"""Human-readable names: printable, bounded (PostgreSQL rejects NUL bytes; columns are 200 characters)."""
+LocalityGroup = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+AllocationId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ErrorDetail(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorPublic(BaseModel):
+    """Every error response: a reason for humans, and per-field details for validation errors."""
+
+    reason: str
+    errors: list[ErrorDetail] = Field(default_factory=list)
+
+
+class TenantCreate(_Body):
+    id: TenantId
+    display_name: DisplayText
+
+
+class TenantPublic(_Public):
+    id: str
+    display_name: str
+    nats_user_public_key: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class NatsCredentialsPublic(BaseModel):
+    """The broker's `TenantNatsCredentials`; fields the broker adds later pass through unchanged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    servers: list[str]
+    account: str
+    user_public_key: str
+    seed: str
+    stream: str
+    subject_prefix: str
+
+
+class TenantCreated(TenantPublic):
+    """Returned once, at creation: the API token and the NATS seed are never stored and cannot be shown again."""
+
+    api_token: str
+    nats: NatsCredentialsPublic
+
+
+class IntRange(_Body):
+    """An inclusive range the provider may choose from; min == max pins the value."""
+
+    min: int = Field(ge=1, le=MAX_INT)
+    max: int = Field(ge=1, le=MAX_INT)
+
+    @field_validator("max")
+    @classmethod
+    def _not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("min")
+        if low is not None and value < low:
+            raise ValueError(f"max ({value}) must be >= min ({low})")
+        return value
+
+
+class GradientCompression(_Body):
+    """Which compression the provider may switch the job to, and the largest PowerSGD rank it may pick."""
+
+    allowed: list[Compression] = Field(default_factory=lambda: [Compression.NONE], min_length=1, max_length=3)
+    powersgd_max_rank: int | None = Field(default=None, ge=1, le=MAX_POWERSGD_RANK, validate_default=True)
+
+    @field_validator("allowed")
+    @classmethod
+    def _canonical(cls, value: list[Compression]) -> list[Compression]:
+        return [option for option in Compression if option in value]
+
+    @field_validator("powersgd_max_rank")
+    @classmethod
+    def _rank_iff_powersgd(cls, value: int | None, info: ValidationInfo) -> int | None:
+        allowed = info.data.get("allowed")
+        if allowed is None:
+            return value
+        if Compression.POWERSGD in allowed and value is None:
+            raise ValueError("required when powersgd is allowed")
+        if Compression.POWERSGD not in allowed and value is not None:
+            raise ValueError("only allowed together with powersgd in gradient_compression.allowed")
+        return value
+
+
+class JobCreate(_Body):
+    """A job and the tenant's ranges for the provider's micro-level decisions."""
+
+    id: JobId
+    name: DisplayText | None = Field(default=None, description="Defaults to the id.")
+    min_workers: int = Field(ge=1, le=MAX_WORKERS)
+    max_workers: int = Field(ge=1, le=MAX_WORKERS)
+    gpus_per_worker: int = Field(default=1, ge=1, le=MAX_GPUS)
+    parallel_plan: ParallelPlan = ParallelPlan.DDP
+    checkpoint_interval_steps: IntRange = Field(default_factory=lambda: IntRange(min=100, max=1000))
+    gradient_compression: GradientCompression = Field(default_factory=GradientCompression)
+    batch_size: IntRange
+    gradient_accumulation: IntRange = Field(default_factory=lambda: IntRange(min=1, max=1))
+
+    @field_validator("max_workers")
+    @classmethod
+    def _not_below_min_workers(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("min_workers")
+        if low is not None and value < low:
+            raise ValueError(f"max_workers ({value}) must be >= min_workers ({low})")
+        return value
+
+
+class JobPublic(BaseModel):
+    id: str
+    name: str
+    min_workers: int
+    max_workers: int
+    gpus_per_worker: int
+    parallel_plan: ParallelPlan
+    checkpoint_interval_steps: IntRange
+    gradient_compression: GradientCompression
+    batch_size: IntRange
+    gradient_accumulation: IntRange
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, job: Job) -> Self:
+        """Regroup the flat columns into the nested ranges the tenant sent."""
+        return cls(
+            id=job.id,
+            name=job.name,
+            min_workers=job.min_workers,
+            max_workers=job.max_workers,
+            gpus_per_worker=job.gpus_per_worker,
+            parallel_plan=job.parallel_plan,
+            checkpoint_interval_steps=IntRange(
+                min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max
+            ),
+            gradient_compression=GradientCompression(
+                allowed=[Compression(option) for option in job.compression_allowed],
+                powersgd_max_rank=job.powersgd_max_rank,
+            ),
+            batch_size=IntRange(min=job.batch_size_min, max=job.batch_size_max),
+            gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
+            created_at=job.created_at,
+        )
+
+
+class HostCreate(_Body):
+    id: HostId
+    gpus: int = Field(ge=1, le=MAX_GPUS)
+    locality_group: LocalityGroup
+
+
+class HostPublic(BaseModel):
+    id: str
+    gpus: int
+    locality_group: str
+    allocated_gpus: int
+    free_gpus: int
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, host: Host) -> Self:
+        return cls(
+            id=host.id,
+            gpus=host.gpus,
+            locality_group=host.locality_group,
+            allocated_gpus=host.allocated_gpus,
+            free_gpus=host.gpus - host.allocated_gpus,
+            created_at=host.created_at,
+        )
+
+
+class AllocationCreate(_Body):
+    """Place `gpus` GPUs of a job: on one host, anywhere in a locality group, or (neither given) anywhere."""
+
+    tenant_id: TenantId
+    job_id: JobId
+    gpus: int = Field(ge=1, le=MAX_GPUS)
+    host_id: HostId | None = None
+    locality_group: LocalityGroup | None = None
+
+    @field_validator("locality_group")
+    @classmethod
+    def _not_with_host(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("host_id") is not None:
+            raise ValueError("give host_id or locality_group, not both")
+        return value
+
+
+class AllocationPublic(_Public):
+    """The provider's view of an allocation."""
+
+    id: str
+    tenant_id: str
+    job_id: str
+    host_id: str
+    locality_group: str
+    gpus: int
+    created_at: datetime
+    released_at: datetime | None
+
+
+class TenantAllocationPublic(BaseModel):
+    """The tenant's view: host and locality group are per-tenant pseudonyms (`h-...`, `g-...`)."""
+
+    id: str
+    job_id: str
+    host: str
+    locality_group: str
+    gpus: int
+    created_at: datetime
+    released_at: datetime | None
+
+
+class GroupCapacityPublic(BaseModel):
+    """Free GPUs in one locality group, bucketed (`0`, `1`, `2-3`, `4-7`, ...): enough to plan, too coarse to map
+    the provider's fleet or watch other tenants come and go one GPU at a time."""
+
+    locality_group: str
+    free_gpus: str
+    free_gpus_at_least: int
+
+
+class CapacityPublic(BaseModel):
+    groups: list[GroupCapacityPublic]
+
+
+class HealthPublic(BaseModel):
+    status: str

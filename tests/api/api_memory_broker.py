@@ -1,0 +1,70 @@
+"""In-memory implementations of the `TenantBroker` port, for the API's fast tests.
+
+A real implementation of the protocol, not a mock: it generates real NATS user nkeys (so the API stores and returns
+keys of the real format) and keeps the tenant list it was last told to serve, which is what a nats-server would hold.
+The nats-server-backed broker has its own end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import nkeys
+
+from broker_config.accounts import TenantAccount, TenantNatsCredentials, UserKeys
+
+SERVERS = ["nats://in-memory.invalid:4222"]
+EVENTS_STREAM = "HZ_EVENTS"
+
+
+class BrokerDownError(ConnectionError):
+    """What a broker that cannot be reached raises from `apply`."""
+
+
+class InMemoryBroker:
+    """Serves whatever tenant list it was last given, and remembers every list it was given."""
+
+    def __init__(self) -> None:
+        self.applied: list[list[TenantAccount]] = []
+        self.issued: list[UserKeys] = []
+
+    @property
+    def serving(self) -> list[TenantAccount]:
+        """The tenants the broker serves now (the last applied list)."""
+        return self.applied[-1] if self.applied else []
+
+    def new_user_keys(self) -> UserKeys:
+        seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+        public_key = nkeys.from_seed(bytearray(seed)).public_key
+        keys = UserKeys(public_key=public_key.decode(), seed=seed.decode())
+        self.issued.append(keys)
+        return keys
+
+    async def apply(self, tenants: Sequence[TenantAccount]) -> None:
+        self.applied.append(list(tenants))
+
+    def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
+        return TenantNatsCredentials(
+            servers=list(SERVERS),
+            account=tenant,
+            user_public_key=keys.public_key,
+            seed=keys.seed,
+            stream=EVENTS_STREAM,
+            subject_prefix=f"hz.t.{tenant}.",
+        )
+
+
+class FailingBroker(InMemoryBroker):
+    """A broker that accepts the start-up reconciliation, then fails every apply after `fail_after` successes."""
+
+    def __init__(self, *, fail_after: int = 1) -> None:
+        super().__init__()
+        self.fail_after = fail_after
+        self.attempts = 0
+
+    async def apply(self, tenants: Sequence[TenantAccount]) -> None:
+        self.attempts += 1
+        if self.attempts > self.fail_after:
+            raise BrokerDownError("nats-server did not reload its configuration")
+        await super().apply(tenants)
