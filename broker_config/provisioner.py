@@ -31,6 +31,7 @@ from broker_config.keys import ProviderKeys
 from broker_config.render import render_accounts, tenant_account_name, tenant_stream_name, write_atomically
 from broker_config.server import BrokerError, check_accounts_text
 from broker_config.streams import tenant_events_stream, tenant_pull_consumer
+from harmonaize.subjects import tenant_slice
 from nats.js.api import ConsumerConfig, StreamConfig
 
 
@@ -137,7 +138,7 @@ class NatsTenantBroker:
             user_public_key=keys.public_key,
             seed=keys.seed,
             stream=tenant_stream_name(tenant),
-            subject_prefix=f"hz.t.{tenant}.",
+            subject_prefix=tenant_slice(tenant)[:-1],
         )
 
     async def provider_connection(self, **options: object) -> Client:

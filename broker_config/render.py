@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from broker_config.accounts import TenantAccount
 from broker_config.keys import ProviderKeys
 from harmonaize.ids import validate_id
+from harmonaize.subjects import tenant_slice
 
 PROVIDER_ACCOUNT = "PROVIDER"
 SYSTEM_ACCOUNT = "SYS"
@@ -47,10 +48,6 @@ def tenant_account_name(tenant: str) -> str:
 def tenant_stream_name(tenant: str) -> str:
     """The provider-side stream that holds one tenant's events (and only that tenant's)."""
     return f"HZ_T_{validate_id('tenant', tenant)}"
-
-
-def tenant_slice(tenant: str) -> str:
-    return f"hz.t.{validate_id('tenant', tenant)}.>"
 
 
 def _tenant_api(tenant: str) -> list[tuple[str, bool]]:

@@ -10,7 +10,8 @@ from typing import Sequence
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
-from broker_config.render import tenant_slice, tenant_stream_name
+from broker_config.render import tenant_stream_name
+from harmonaize.subjects import TENANT_ROOT, tenant_slice
 from harmonaize.ids import validate_id
 
 EVENT_RETENTION_S = 7 * 24 * 3600.0
@@ -37,7 +38,7 @@ def tenant_events_stream(tenant: str, *, replicas: int = 1) -> StreamConfig:
 
 def check_filter_in_slice(tenant: str, subject: str) -> str:
     """Return `subject` if it names only subjects of `tenant`'s slice, else raise ConsumerFilterError."""
-    prefix = ["hz", "t", validate_id("tenant", tenant)]
+    prefix = [*TENANT_ROOT.split("."), validate_id("tenant", tenant)]
     tokens = subject.split(".")
     if tokens[:3] != prefix or len(tokens) < 4 or any(not t or " " in t for t in tokens):
         raise ConsumerFilterError(f"filter {subject!r} is not inside the tenant's slice {tenant_slice(tenant)!r}")
