@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -202,7 +201,3 @@ class Allocation(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     released_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
 
-
-def row_dict(obj: Base) -> dict[str, Any]:
-    """Column values of a model instance, for schemas built with `model_validate`."""
-    return {column.key: getattr(obj, column.key) for column in obj.__table__.columns}

@@ -2,9 +2,9 @@
 
 Databases:
 - `sqlite_settings` / `postgres_settings`: an EMPTY database (for migration tests), one per test.
-- `migrated_settings`: a database at the Alembic head, parametrised over SQLite and PostgreSQL. Migrating once per
-  session and copying is much cheaper than migrating per test: SQLite copies a migrated file (sqlite3 backup API),
-  PostgreSQL runs `CREATE DATABASE ... TEMPLATE <migrated template>` (~0.1 s).
+- `migrated_settings`: a database at the Alembic head with empty tables, parametrised over SQLite and PostgreSQL.
+  Migrating once per session is much cheaper than per test: SQLite copies a migrated file (sqlite3 backup API);
+  PostgreSQL truncates the tables of one migrated database (CREATE DATABASE from a migrated template costs ~0.4 s).
 PostgreSQL comes from HZ_TEST_POSTGRES_URL (default: postgres@127.0.0.1:5432, trust auth). Unreachable: the
 PostgreSQL variants are skipped, saying so; with CI set they fail instead, because CI always provides one.
 
@@ -26,14 +26,17 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 import pytest
-from api_memory_broker import InMemoryBroker
-from api_testkit import ADMIN_TOKEN, PROVIDER_SECRET, TenantHandle, create_tenant
 from fastapi import FastAPI
+from sqlalchemy import text
 from sqlalchemy.engine import URL, make_url
 
 from api import migrate
 from api.app import create_app
+from api.db import make_engine
+from api.models import Base
 from harmonaize.settings import Settings
+from tests.api.api_memory_broker import InMemoryBroker
+from tests.api.api_testkit import ADMIN_TOKEN, PROVIDER_SECRET, TenantHandle, create_tenant
 
 DEFAULT_POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 _T = TypeVar("_T")
@@ -134,30 +137,44 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def postgres_template(postgres_server: PostgresServer) -> Iterator[str]:
-    name = run_blocking(lambda: postgres_server.create(prefix="hz_template"))
+def postgres_migrated(postgres_server: PostgresServer) -> Iterator[Settings]:
+    """One migrated PostgreSQL database for the session, emptied before each test that uses it."""
+    name = run_blocking(lambda: postgres_server.create(prefix="hz_migrated"))
     try:
-        migrate.upgrade(postgres_server.settings_for(name))
-        yield name
+        settings = postgres_server.settings_for(name)
+        migrate.upgrade(settings)
+        yield settings
     finally:
         run_blocking(lambda: postgres_server.drop(name))
 
 
+async def _empty_all_tables(settings: Settings) -> None:
+    engine = make_engine(settings.resolved_database_url, single_use=True)
+    tables = ", ".join(table.name for table in Base.metadata.sorted_tables)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(text("SET LOCAL lock_timeout = '5s'"))
+            await connection.execute(text(f"TRUNCATE TABLE {tables}"))
+    finally:
+        await engine.dispose()
+
+
 @pytest.fixture
-async def migrated_settings(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Settings]:
-    """A database at the Alembic head on each backend, private to this test."""
+async def migrated_settings(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    """A database at the Alembic head with empty tables, on each backend, private to this test.
+
+    SQLite: a copy of a migrated file. PostgreSQL: the session's migrated database, truncated; equivalent to a fresh
+    one because migrations insert no rows and no key comes from a sequence, and ~30x cheaper than CREATE DATABASE
+    from a migrated template (~0.4 s each on this machine).
+    """
     if backend == "sqlite":
         template: Path = request.getfixturevalue("sqlite_template")
         with sqlite3.connect(template) as source, sqlite3.connect(tmp_path / "harmonaize.db") as target:
             source.backup(target)
-        yield make_settings(data_dir=tmp_path)
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    name = await server.create(template=request.getfixturevalue("postgres_template"))
-    try:
-        yield server.settings_for(name)
-    finally:
-        await server.drop(name)
+        return make_settings(data_dir=tmp_path)
+    settings: Settings = request.getfixturevalue("postgres_migrated")
+    await _empty_all_tables(settings)
+    return settings
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from api_memory_broker import InMemoryBroker
-from api_testkit import ADMIN, TenantHandle, create_host, create_job
 from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -20,6 +18,8 @@ from api.services import hosts, jobs, ledger
 from api.services.errors import ConflictError, InsufficientCapacityError, NotFoundError
 from api.services.tenants import TenantRegistry
 from harmonaize.settings import Settings
+from tests.api.api_memory_broker import InMemoryBroker
+from tests.api.api_testkit import ADMIN, TenantHandle, create_host, create_job
 
 REQUESTS = 50
 HOSTS = [("h-a1", 4, "rack-a"), ("h-a2", 4, "rack-a"), ("h-b1", 2, "rack-b")]

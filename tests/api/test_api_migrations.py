@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from api_memory_broker import InMemoryBroker
 from sqlalchemy import inspect, text
 
 from api import migrate
@@ -14,6 +13,7 @@ from api.db import make_engine
 from api.migrate import SchemaNotCurrentError
 from api.models import Base
 from harmonaize.settings import Settings
+from tests.api.api_memory_broker import InMemoryBroker
 
 OUR_TABLES = {"tenants", "jobs", "hosts", "allocations"}
 

@@ -1,0 +1,1 @@
+"""Tests of the control-plane API (`api/`, `migrations/`): fast, in-process, over SQLite and PostgreSQL."""
