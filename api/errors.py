@@ -1,7 +1,7 @@
 """One error shape for every failure: `{"reason": "...", "errors": [{"field": "body.min_workers", "message": ...}]}`.
 
-Validation errors name the field as `<where>.<path>` (`path.job_id`, `body.batch_size.max`), so a client can point at
-what to fix. Domain errors from the services map to statuses here, keeping HTTP out of the services. Integrity errors
+Validation errors name the field as `<where>.<path>` (`path.job_id`, `body.batch_size.min`), so a client can point at
+what to fix; a cross-field check raised at model level names its field in the error's ctx (`schemas.check_ordered`). Domain errors from the services map to statuses here, keeping HTTP out of the services. Integrity errors
 the services did not anticipate (a race on a unique key) are conflicts, not crashes; a pool timeout is a 503.
 """
 
@@ -41,11 +41,19 @@ def error_response(status: int, reason: str, *, errors: list[ErrorDetail] | None
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
-def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+def _field(error: dict[str, Any]) -> str:
+    loc = list(error.get("loc", ()))
+    ctx = error.get("ctx") or {}
+    if error.get("type") == "json_invalid":
+        loc = loc[:1]
+    elif isinstance(ctx.get("field"), str):
+        loc.append(ctx["field"])
     return ".".join(str(part) for part in loc)
 
 
 def _message(error: dict[str, Any]) -> str:
+    if error.get("type") == "json_invalid":
+        return f"invalid JSON: {(error.get('ctx') or {}).get('error', 'cannot be parsed')}"
     if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == ID_PATTERN:
         return _ID_MESSAGE
     message = str(error.get("msg", "invalid value"))
@@ -54,7 +62,7 @@ def _message(error: dict[str, Any]) -> str:
 
 async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    details = [ErrorDetail(field=_field(error["loc"]), message=_message(error)) for error in exc.errors()]
+    details = [ErrorDetail(field=_field(error), message=_message(error)) for error in exc.errors()]
     fields = ", ".join(dict.fromkeys(detail.field for detail in details))
     return error_response(422, f"invalid request: {fields}", errors=details)
 

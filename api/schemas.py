@@ -13,7 +13,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from api.models import Compression, Host, Job, ParallelPlan
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
@@ -30,6 +39,17 @@ DisplayText = Annotated[
 """Human-readable names: printable, bounded (PostgreSQL rejects NUL bytes; columns are 200 characters)."""
 LocalityGroup = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 AllocationId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+
+
+def check_ordered(low: int, high: int, *, low_field: str, high_field: str) -> None:
+    """Refuse low > high, blaming `low_field`: the error's ctx names the field, and the API's error handler appends
+    it to the location, so the 422 says `body.min_workers` rather than just `body`."""
+    if low > high:
+        raise PydanticCustomError(
+            "range_order",
+            "{low_field} ({low}) must be <= {high_field} ({high})",
+            {"field": low_field, "low_field": low_field, "high_field": high_field, "low": low, "high": high},
+        )
 
 
 class _Body(BaseModel):
@@ -91,13 +111,10 @@ class IntRange(_Body):
     min: int = Field(ge=1, le=MAX_INT)
     max: int = Field(ge=1, le=MAX_INT)
 
-    @field_validator("max")
-    @classmethod
-    def _not_below_min(cls, value: int, info: ValidationInfo) -> int:
-        low = info.data.get("min")
-        if low is not None and value < low:
-            raise ValueError(f"max ({value}) must be >= min ({low})")
-        return value
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        check_ordered(self.min, self.max, low_field="min", high_field="max")
+        return self
 
 
 class GradientCompression(_Body):
@@ -138,13 +155,10 @@ class JobCreate(_Body):
     batch_size: IntRange
     gradient_accumulation: IntRange = Field(default_factory=lambda: IntRange(min=1, max=1))
 
-    @field_validator("max_workers")
-    @classmethod
-    def _not_below_min_workers(cls, value: int, info: ValidationInfo) -> int:
-        low = info.data.get("min_workers")
-        if low is not None and value < low:
-            raise ValueError(f"max_workers ({value}) must be >= min_workers ({low})")
-        return value
+    @model_validator(mode="after")
+    def _workers_ordered(self) -> Self:
+        check_ordered(self.min_workers, self.max_workers, low_field="min_workers", high_field="max_workers")
+        return self
 
 
 class JobPublic(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import fields
 
 import nkeys
 
@@ -16,6 +17,7 @@ from broker_config.accounts import TenantAccount, TenantNatsCredentials, UserKey
 
 SERVERS = ["nats://in-memory.invalid:4222"]
 EVENTS_STREAM = "HZ_EVENTS"
+JS_API_PREFIX = "$JS.hz.API"
 
 
 class BrokerDownError(ConnectionError):
@@ -45,14 +47,18 @@ class InMemoryBroker:
         self.applied.append(list(tenants))
 
     def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
-        return TenantNatsCredentials(
-            servers=list(SERVERS),
-            account=tenant,
-            user_public_key=keys.public_key,
-            seed=keys.seed,
-            stream=EVENTS_STREAM,
-            subject_prefix=f"hz.t.{tenant}.",
-        )
+        values = {
+            "servers": list(SERVERS),
+            "account": tenant,
+            "user_public_key": keys.public_key,
+            "seed": keys.seed,
+            "stream": EVENTS_STREAM,
+            "js_api_prefix": JS_API_PREFIX,
+            "subject_prefix": f"hz.t.{tenant}.",
+        }
+        # The credentials record is still growing on the broker side; pass the fields this version of it declares.
+        declared = {item.name for item in fields(TenantNatsCredentials)}
+        return TenantNatsCredentials(**{name: value for name, value in values.items() if name in declared})
 
 
 class FailingBroker(InMemoryBroker):
