@@ -28,13 +28,17 @@ class UserKeys:
 
 @dataclass(frozen=True)
 class TenantNatsCredentials:
-    """What a tenant needs to connect: servers, its user seed, and where its events are."""
+    """What a tenant needs to connect: servers, its user seed, and where its events are.
+
+    Read events with `nc.jetstream(prefix=js_api_prefix).pull_subscribe_bind(<consumer>, stream=stream)`.
+    """
 
     servers: list[str]
     account: str
     user_public_key: str
     seed: str = field(repr=False)
     stream: str
+    js_api_prefix: str
     subject_prefix: str
 
 

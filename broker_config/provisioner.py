@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 from broker_config import keys as nkeys_util
 from broker_config.accounts import TenantAccount, TenantNatsCredentials, UserKeys
 from broker_config.keys import ProviderKeys
-from broker_config.render import render_accounts, tenant_account_name, tenant_stream_name, write_atomically
+from broker_config.render import TENANT_JS_PREFIX, render_accounts, tenant_account_name, tenant_stream_name, write_atomically
 from broker_config.server import BrokerError, check_accounts_text
 from broker_config.streams import tenant_events_stream, tenant_pull_consumer
 from harmonaize.subjects import tenant_slice
@@ -138,6 +138,7 @@ class NatsTenantBroker:
             user_public_key=keys.public_key,
             seed=keys.seed,
             stream=tenant_stream_name(tenant),
+            js_api_prefix=TENANT_JS_PREFIX,
             subject_prefix=tenant_slice(tenant)[:-1],
         )
 

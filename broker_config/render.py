@@ -8,17 +8,18 @@ JetStream consumers can read any subject). The layout:
   reads it (one copy, no replication hop that a crash could cut).
 * `T_<tenant>`, one account per tenant, without JetStream of its own. The provider exports to that account alone
   (`accounts: [...]`) the tenant's live slice, the pull API of consumers on the tenant's stream (`MSG.NEXT`, `INFO`),
-  the stream's `INFO`, and the ack subjects. The tenant's user may use exactly those and subscribe to its slice; it
+  the stream's `INFO`, and the ack subjects. The API appears in the tenant account under `$JS.hz.API` (see
+  TENANT_JS_PREFIX). The tenant's user may use exactly those and subscribe to its slice; it
   cannot publish into any `hz.` subject.
 * Consumers are created by the provider on the tenant's request (the control plane validates the filter lies inside
   the tenant's slice and makes them pull consumers). Tenants cannot reach the consumer-create API because a consumer
   on a provider stream may be a *push* consumer whose delivery subject lies in the provider's account: a tenant able
   to create one could deliver its messages into `hz.t.<other>.…` and forge another tenant's events.
 
-Two designs were tried and dropped (nats-server 2.15): letting each tenant account *source* its slice into a stream of
-its own needs a service import with a `to` mapping, and such imports added by a config reload never answer
-("no responders") until the server restarts; and a plain stream import into a tenant stream gives the provider a PubAck
-from its own copy only, so a crash could lose the tenant's.
+Alternatives tried and dropped: each tenant account *sourcing* its slice into a JetStream stream of its own (two copies
+of every event, a sourcing consumer to keep alive, and the same push-consumer problem on the create API it needs); a
+plain stream import into a tenant stream (the provider's PubAck would come from its own copy only, so a crash could
+lose the tenant's).
 
 The main file is written once per server (listen address, JetStream store, cluster) and includes the accounts file;
 tenant changes rewrite only the accounts file and reload the server (SIGHUP), which keeps connections up.
@@ -39,6 +40,12 @@ from harmonaize.subjects import tenant_slice
 PROVIDER_ACCOUNT = "PROVIDER"
 SYSTEM_ACCOUNT = "SYS"
 ACCOUNTS_FILE = "accounts.conf"
+TENANT_JS_PREFIX = "$JS.hz.API"
+"""Where a tenant account sees the provider's JetStream API: `nc.jetstream(prefix=TENANT_JS_PREFIX)`.
+
+A distinct prefix is needed because an account without JetStream of its own answers every `$JS.API.>` request itself
+("JetStream not enabled for account"), racing the imported reply.
+"""
 
 
 def tenant_account_name(tenant: str) -> str:
@@ -50,21 +57,23 @@ def tenant_stream_name(tenant: str) -> str:
     return f"HZ_T_{validate_id('tenant', tenant)}"
 
 
-def _tenant_api(tenant: str) -> list[tuple[str, bool]]:
-    """(subject, streamed response) pairs of the provider's JetStream API a tenant may use, all on its own stream."""
+def _tenant_api(tenant: str) -> list[tuple[str, str, bool]]:
+    """(provider subject, tenant subject, streamed response) of the JetStream API a tenant may use on its stream."""
     stream = tenant_stream_name(tenant)
-    return [
-        (f"$JS.API.STREAM.INFO.{stream}", False),
-        (f"$JS.API.CONSUMER.INFO.{stream}.*", False),
+    api = [
+        (f"STREAM.INFO.{stream}", False),
+        (f"CONSUMER.INFO.{stream}.*", False),
         # A pull request is answered by up to `batch` messages: the response must be allowed to stream.
-        (f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", True),
-        (f"$JS.ACK.{stream}.>", False),
+        (f"CONSUMER.MSG.NEXT.{stream}.*", True),
+    ]
+    return [(f"$JS.API.{s}", f"{TENANT_JS_PREFIX}.{s}", streamed) for s, streamed in api] + [
+        (f"$JS.ACK.{stream}.>", f"$JS.ACK.{stream}.>", False)
     ]
 
 
 def _tenant_user_permissions(tenant: str) -> dict[str, Any]:
     return {
-        "publish": {"allow": [subject for subject, _ in _tenant_api(tenant)]},
+        "publish": {"allow": [local for _, local, _ in _tenant_api(tenant)]},
         "subscribe": {"allow": ["_INBOX.>", tenant_slice(tenant)]},
     }
 
@@ -77,12 +86,15 @@ def render_accounts(keys: ProviderKeys, tenants: Sequence[TenantAccount]) -> str
         name = tenant_account_name(t.tenant)
         exports.append({"stream": tenant_slice(t.tenant), "accounts": [name]})
         imports: list[dict[str, Any]] = [{"stream": {"account": PROVIDER_ACCOUNT, "subject": tenant_slice(t.tenant)}}]
-        for subject, streamed in _tenant_api(t.tenant):
+        for subject, local, streamed in _tenant_api(t.tenant):
             export: dict[str, Any] = {"service": subject, "accounts": [name]}
             if streamed:
                 export["response_type"] = "stream"
             exports.append(export)
-            imports.append({"service": {"account": PROVIDER_ACCOUNT, "subject": subject}})
+            service: dict[str, Any] = {"service": {"account": PROVIDER_ACCOUNT, "subject": subject}}
+            if local != subject:
+                service["to"] = local
+            imports.append(service)
         accounts[name] = {
             "users": [{"nkey": t.user_public_key, "permissions": _tenant_user_permissions(t.tenant)}],
             "imports": imports,

@@ -11,6 +11,7 @@ import pytest
 
 from broker_config.accounts import TenantAccount, UserKeys
 from broker_config.provisioner import NatsTenantBroker
+from broker_config.render import TENANT_JS_PREFIX
 from broker_config.server import NatsServer
 from tests.support import Inbox, connect_probe, eventually
 
@@ -49,7 +50,7 @@ async def _consume_four_then_restart(
     await tenant_broker.ensure_consumer("acme", "ctl")
     await _publish(tenant_broker, "acme", range(10))
     acme = await nats.connect(nats_server.url, nkeys_seed_str=seed)
-    sub = await acme.jetstream().pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
     first = await sub.fetch(4, timeout=2.0)
     for msg in first:
         await msg.ack_sync()  # acknowledged by the server, not just sent
@@ -68,7 +69,7 @@ async def test_durable_consumer_resumes_exactly_at_its_ack_point_after_broker_re
     nats_server: NatsServer, tenant_broker: NatsTenantBroker, two_tenants: dict[str, UserKeys]
 ) -> None:
     acme = await _consume_four_then_restart(nats_server, tenant_broker, two_tenants["acme"].seed, crash=False)
-    sub = await acme.jetstream().pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
     assert await _drain(sub, expect=10) == [4, 5, 6, 7, 8, 9], "lost or redelivered after a restart"
     await acme.close()
 
@@ -80,7 +81,7 @@ async def test_broker_crash_loses_no_event_and_redelivers_only_the_last_acked(
     with `sync_interval: always`, so acks from the last moments before the crash can be forgotten: those events come
     back (at-least-once), which is why tenant controllers deduplicate by CloudEvent id."""
     acme = await _consume_four_then_restart(nats_server, tenant_broker, two_tenants["acme"].seed, crash=True)
-    sub = await acme.jetstream().pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
     got = await _drain(sub, expect=10)
     assert got[-6:] == [4, 5, 6, 7, 8, 9], "an event stored before the crash was lost"
     assert got == list(range(10 - len(got), 10)), "redeliveries must be a contiguous run of the latest acked events"
@@ -107,7 +108,7 @@ async def test_tenant_added_at_runtime_consumes_within_2s_and_existing_connectio
     await tenant_broker.ensure_consumer("initech", "ctl")
     await provider.jetstream().publish("hz.t.initech.events.capacity.j9", b'{"n": 0}')
     client = await nats.connect(nats_server.url, nkeys_seed_str=initech.seed)
-    sub = await client.jetstream().pull_subscribe_bind("ctl", stream="HZ_T_initech")
+    sub = await client.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_initech")
     msgs = await sub.fetch(1, timeout=2.0)
     await msgs[0].ack_sync()
     elapsed = time.monotonic() - start

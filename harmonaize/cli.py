@@ -1,0 +1,181 @@
+"""The `harmonaize` command: start the local cloud, migrate the database, manage tenants.
+
+Messages for shell users: one line naming what is wrong, on stderr, exit code 2 for bad input or configuration and 1
+for a failure at run time. Heavy imports (FastAPI, SQLAlchemy, nats) happen inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+from pydantic import ValidationError
+
+from harmonaize import __version__
+from harmonaize.settings import Settings
+
+app = typer.Typer(help="HarmonAIze: tenant-provider cooperation for AI workloads.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+tenants_app = typer.Typer(help="Tenants of the control plane (needs the admin token).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(tenants_app, name="tenants")
+
+
+def fail(message: str, *, code: int = 1) -> NoReturn:
+    typer.echo(f"harmonaize: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with command-line overrides; a bad value is one line naming the variable."""
+    try:
+        settings = Settings()
+        values = {k: v for k, v in overrides.items() if v is not None}
+        return Settings.model_validate({**settings.model_dump(), **values}) if values else settings
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "settings"
+        fail(f"bad configuration: HZ_{field.upper()}: {first['msg']}", code=2)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(__version__)
+
+
+@app.command()
+def up(
+    data_dir: Annotated[Optional[Path], typer.Option(help="State directory (default: HZ_DATA_DIR or .hz).")] = None,
+    nats_port: Annotated[int, typer.Option(help="Broker client port; 0 picks a free one.", min=0, max=65535)] = 0,
+    api_port: Annotated[Optional[int], typer.Option(help="API port (default 8080); 0 picks a free one.", min=0, max=65535)] = None,
+    demo_tenant: Annotated[bool, typer.Option(help="Create the demo tenant and write its credentials.")] = True,
+) -> None:
+    """Start the local cloud: embedded nats-server, the API on SQLite, a demo tenant. Ctrl-C stops everything."""
+    from harmonaize.launcher import LocalCloudError, LocalCloudInfo, run_local_cloud
+    from broker_config.server import BrokerError
+
+    settings = load_settings(data_dir=data_dir, api_port=api_port)
+
+    def ready(info: LocalCloudInfo) -> None:
+        typer.echo("HarmonAIze local cloud is up  (Ctrl-C stops it)")
+        typer.echo(f"  broker (NATS)   {info.nats_url}    log: {info.broker_log}")
+        typer.echo(f"  API             {info.api_url}    docs: {info.api_url}/docs")
+        typer.echo(f"  admin env       source {info.admin_env_file}")
+        if info.tenant_env_file is not None:
+            typer.echo(f"  demo tenant     source {info.tenant_env_file}")
+        typer.echo(f"  data dir        {info.data_dir}")
+
+    try:
+        asyncio.run(run_local_cloud(settings, nats_port=nats_port, on_ready=ready, demo_tenant=demo_tenant))
+    except (LocalCloudError, BrokerError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
+    typer.echo("HarmonAIze local cloud stopped.")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
+    """Create or migrate the schema (the only way the schema is created)."""
+    from api.migrate import upgrade
+
+    settings = load_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        upgrade(settings, revision)
+    except Exception as exc:  # alembic and drivers raise many types; the user needs the message
+        fail(f"migration to {revision} failed: {exc}")
+    typer.echo(f"database at {revision}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: Annotated[str, typer.Argument(help="Target revision, e.g. base.")]) -> None:
+    """Step the schema back to a revision."""
+    from api.migrate import downgrade
+
+    try:
+        downgrade(load_settings(), revision)
+    except Exception as exc:
+        fail(f"downgrade to {revision} failed: {exc}")
+    typer.echo(f"database at {revision}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the schema revision of the database (empty: not migrated)."""
+    from api.migrate import current
+
+    try:
+        typer.echo(current(load_settings()) or "(no schema: run 'harmonaize db upgrade')")
+    except Exception as exc:
+        fail(f"cannot read the schema revision: {exc}")
+
+
+def _admin_client(settings: Settings) -> "httpx.Client":  # noqa: F821
+    import httpx
+
+    if settings.admin_token is None:
+        fail("HZ_ADMIN_TOKEN is not set (source the admin env file that 'harmonaize up' printed)", code=2)
+    return httpx.Client(
+        base_url=settings.resolved_api_url,
+        headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"},
+        timeout=30,
+    )
+
+
+@tenants_app.command("create")
+def tenants_create(
+    tenant_id: Annotated[str, typer.Argument(help="Tenant id: lowercase letters, digits, '_' and '-'.")],
+    display_name: Annotated[Optional[str], typer.Option(help="Human-readable name.")] = None,
+) -> None:
+    """Create a tenant; prints its API token and NATS credentials once, as JSON."""
+    import httpx
+
+    from harmonaize.ids import InvalidIdError, validate_id
+
+    try:
+        validate_id("tenant", tenant_id)
+    except InvalidIdError as exc:
+        fail(str(exc), code=2)
+    settings = load_settings()
+    try:
+        with _admin_client(settings) as client:
+            reply = client.post("/v1/tenants", json={"id": tenant_id, "display_name": display_name or tenant_id})
+    except httpx.HTTPError as exc:
+        fail(f"cannot reach the API at {settings.resolved_api_url}: {exc}")
+    if reply.status_code != 201:
+        fail(f"{reply.status_code}: {reply.json().get('reason', reply.text)}")
+    typer.echo(json.dumps(reply.json(), indent=2))
+
+
+@tenants_app.command("list")
+def tenants_list() -> None:
+    """List tenants."""
+    import httpx
+
+    settings = load_settings()
+    try:
+        with _admin_client(settings) as client:
+            reply = client.get("/v1/tenants")
+    except httpx.HTTPError as exc:
+        fail(f"cannot reach the API at {settings.resolved_api_url}: {exc}")
+    if reply.status_code != 200:
+        fail(f"{reply.status_code}: {reply.json().get('reason', reply.text)}")
+    for tenant in reply.json():
+        typer.echo(f"{tenant['id']}\t{tenant.get('display_name', '')}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The local cloud in one process tree: an embedded nats-server, the control-plane API on SQLite, a demo tenant.
+
+`harmonaize up` calls `run_local_cloud`. Everything lives in the data dir (`.hz/` by default): the broker's config,
+JetStream store and log, the SQLite database, the generated secrets and the demo tenant's credentials, so a second
+start resumes where the first stopped. A lock file keeps two clouds off one data dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import secrets
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+import uvicorn
+from pydantic import SecretStr
+
+from api.app import create_app
+from api.migrate import upgrade_async
+from broker_config.keys import ProviderKeys
+from broker_config.provisioner import NatsTenantBroker
+from broker_config.render import render_accounts
+from broker_config.server import NatsServer, PortInUseError, port_is_free
+from harmonaize.settings import Settings
+
+DEMO_TENANT = "demo"
+
+
+class LocalCloudError(RuntimeError):
+    """The local cloud cannot start; the message names the problem in one line."""
+
+
+@dataclass(frozen=True)
+class LocalCloudInfo:
+    data_dir: Path
+    nats_url: str
+    api_url: str
+    admin_env_file: Path
+    tenant_env_file: Path | None
+    broker_log: Path
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _env_file(values: dict[str, str]) -> str:
+    return "".join(f"export {k}={json.dumps(v)}\n" for k, v in values.items())
+
+
+def ensure_local_secrets(settings: Settings) -> Settings:
+    """Fill in the provider secret and admin token, generated once and kept in the data dir (mode 0600)."""
+    path = settings.data_dir / "secrets.json"
+    stored: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    changed = False
+    for key in ("provider_secret", "admin_token"):
+        if key not in stored:
+            stored[key] = secrets.token_urlsafe(32)
+            changed = True
+    if changed:
+        _write_private(path, json.dumps(stored, indent=2))
+    update: dict[str, object] = {}
+    if settings.provider_secret is None:
+        update["provider_secret"] = SecretStr(stored["provider_secret"])
+    if settings.admin_token is None:
+        update["admin_token"] = SecretStr(stored["admin_token"])
+    return settings.model_copy(update=update)
+
+
+def _lock_data_dir(data_dir: Path) -> IO[str]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / "up.lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise LocalCloudError(
+            f"another 'harmonaize up' is already running on data dir {data_dir} (stop it, or use --data-dir)"
+        ) from None
+    return handle
+
+
+async def _ensure_demo_tenant(settings: Settings, api_url: str, nats_url: str) -> Path | None:
+    """Create the demo tenant once; its token and seed are shown once, so they are kept in the data dir."""
+    creds_path = settings.data_dir / f"tenant-{DEMO_TENANT}.json"
+    if not creds_path.exists():
+        assert settings.admin_token is not None
+        headers = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"}
+        async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=30) as client:
+            reply = await client.post("/v1/tenants", json={"id": DEMO_TENANT, "display_name": "Demo tenant"})
+        if reply.status_code == 409:
+            return None  # created by an earlier run whose credentials file was deleted: they cannot be shown again
+        if reply.status_code != 201:
+            raise LocalCloudError(f"creating the demo tenant failed: {reply.status_code} {reply.text}")
+        _write_private(creds_path, reply.text)
+    body = json.loads(creds_path.read_text())
+    env_path = settings.data_dir / f"tenant-{DEMO_TENANT}.env"
+    _write_private(
+        env_path,
+        _env_file(
+            {
+                "HZ_TENANT": DEMO_TENANT,
+                "HZ_TENANT_TOKEN": body["api_token"],
+                "HZ_TENANT_NATS_SEED": body["nats"]["seed"],
+                "HZ_NATS_URL": nats_url,
+                "HZ_API_URL": api_url,
+            }
+        ),
+    )
+    return env_path
+
+
+async def run_local_cloud(
+    settings: Settings,
+    *,
+    nats_port: int = 0,
+    on_ready: Callable[[LocalCloudInfo], None] = lambda info: None,
+    stop: asyncio.Event | None = None,
+    demo_tenant: bool = True,
+) -> None:
+    """Start broker and API, call `on_ready`, and run until `stop` is set (or SIGINT/SIGTERM); then stop both."""
+    lock = _lock_data_dir(settings.data_dir)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    settings = ensure_local_secrets(settings)
+    assert settings.provider_secret is not None
+    secret = settings.provider_secret.get_secret_value().encode()
+    if settings.api_port and not port_is_free(settings.api_host, settings.api_port):
+        raise LocalCloudError(
+            f"cannot start the API: port {settings.api_port} on {settings.api_host} is already in use "
+            "(set --api-port, or 0 for any free port)"
+        )
+    server = NatsServer(
+        settings.data_dir / "broker", accounts_text=render_accounts(ProviderKeys(secret), []), port=nats_port
+    )
+    try:
+        await upgrade_async(settings)
+        try:
+            await asyncio.to_thread(server.start)
+        except PortInUseError as exc:
+            raise LocalCloudError(f"{exc} (set --nats-port, or 0 for any free port)") from None
+        broker = NatsTenantBroker(
+            servers=[server.url], provider_secret=secret, accounts_file=server.accounts_file, reload=server.reload
+        )
+        app = create_app(settings.model_copy(update={"nats_url": server.url}), broker=broker)
+        api = uvicorn.Server(
+            uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="on")
+        )
+        api_task = asyncio.create_task(api.serve())
+        while not api.started:
+            if api_task.done():
+                api_task.result()
+                raise LocalCloudError("the API stopped during start-up (see the messages above)")
+            await asyncio.sleep(0.02)
+        port = api.servers[0].sockets[0].getsockname()[1]
+        api_url = f"http://{settings.api_host}:{port}"
+        admin_env = settings.data_dir / "admin.env"
+        assert settings.admin_token is not None
+        _write_private(
+            admin_env,
+            _env_file(
+                {"HZ_API_URL": api_url, "HZ_NATS_URL": server.url, "HZ_ADMIN_TOKEN": settings.admin_token.get_secret_value()}
+            ),
+        )
+        tenant_env = await _ensure_demo_tenant(settings, api_url, server.url) if demo_tenant else None
+        on_ready(LocalCloudInfo(settings.data_dir, server.url, api_url, admin_env, tenant_env, server.log_file))
+        stop_task = asyncio.create_task(stop.wait())
+        await asyncio.wait({api_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        api.should_exit = True
+        await api_task
+        stop_task.cancel()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await asyncio.to_thread(server.stop)
+        lock.close()
