@@ -119,7 +119,10 @@ class Tenant(Base):
 
 
 class Job(Base):
-    """A tenant's elastic training job and the ranges within which the provider may tune it."""
+    """A tenant's elastic training job and the ranges within which the provider may tune it.
+
+    A NULL batch-size range means the provider may not change the batch size (it has no default to fall back on).
+    """
 
     __tablename__ = "jobs"
     __table_args__ = (
@@ -128,6 +131,11 @@ class Job(Base):
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
         *_range_checks("checkpoint_interval_steps"),
         *_range_checks("batch_size"),
+        CheckConstraint(
+            "(batch_size_min IS NULL AND batch_size_max IS NULL) OR "
+            "(batch_size_min IS NOT NULL AND batch_size_max IS NOT NULL)",
+            name="batch_size_both_or_neither",
+        ),
         *_range_checks("grad_accumulation"),
         CheckConstraint(
             "powersgd_max_rank IS NULL OR powersgd_max_rank >= 1", name="powersgd_max_rank_positive"
@@ -156,8 +164,8 @@ class Job(Base):
     checkpoint_interval_steps_max: Mapped[int] = mapped_column(Integer)
     compression_allowed: Mapped[list[str]] = mapped_column(JSON)
     powersgd_max_rank: Mapped[int | None] = mapped_column(Integer, default=None)
-    batch_size_min: Mapped[int] = mapped_column(Integer)
-    batch_size_max: Mapped[int] = mapped_column(Integer)
+    batch_size_min: Mapped[int | None] = mapped_column(Integer, default=None)
+    batch_size_max: Mapped[int | None] = mapped_column(Integer, default=None)
     grad_accumulation_min: Mapped[int] = mapped_column(Integer)
     grad_accumulation_max: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)

@@ -152,7 +152,7 @@ class JobCreate(_Body):
     parallel_plan: ParallelPlan = ParallelPlan.DDP
     checkpoint_interval_steps: IntRange = Field(default_factory=lambda: IntRange(min=100, max=1000))
     gradient_compression: GradientCompression = Field(default_factory=GradientCompression)
-    batch_size: IntRange
+    batch_size: IntRange | None = Field(default=None, description="Absent: the provider may not change it.")
     gradient_accumulation: IntRange = Field(default_factory=lambda: IntRange(min=1, max=1))
 
     @model_validator(mode="after")
@@ -170,7 +170,7 @@ class JobPublic(BaseModel):
     parallel_plan: ParallelPlan
     checkpoint_interval_steps: IntRange
     gradient_compression: GradientCompression
-    batch_size: IntRange
+    batch_size: IntRange | None
     gradient_accumulation: IntRange
     created_at: datetime
 
@@ -191,7 +191,11 @@ class JobPublic(BaseModel):
                 allowed=[Compression(option) for option in job.compression_allowed],
                 powersgd_max_rank=job.powersgd_max_rank,
             ),
-            batch_size=IntRange(min=job.batch_size_min, max=job.batch_size_max),
+            batch_size=(
+                None
+                if job.batch_size_min is None or job.batch_size_max is None
+                else IntRange(min=job.batch_size_min, max=job.batch_size_max)
+            ),
             gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
             created_at=job.created_at,
         )

@@ -57,6 +57,53 @@ async def test_models_match_migrations(migrated_settings: Settings) -> None:
     assert differences == []
 
 
+_TENANT_ROW = (
+    "INSERT INTO tenants (id, display_name, token_id, token_hash, nats_user_public_key, created_at) "
+    "VALUES ('acme', 'Acme', 'tid', 'hash', 'UKEY', CURRENT_TIMESTAMP)"
+)
+
+
+def _job_row(job_id: str, batch: str) -> str:
+    return (
+        "INSERT INTO jobs (tenant_id, id, name, min_workers, max_workers, gpus_per_worker, parallel_plan, "
+        "checkpoint_interval_steps_min, checkpoint_interval_steps_max, compression_allowed, batch_size_min, "
+        "batch_size_max, grad_accumulation_min, grad_accumulation_max, created_at) "
+        f"VALUES ('acme', '{job_id}', 'J', 1, 2, 1, 'ddp', 10, 20, '[\"none\"]', {batch}, 1, 1, CURRENT_TIMESTAMP)"
+    )
+
+
+async def _execute(settings: Settings, *statements: str) -> list[tuple[object, ...]]:
+    engine = make_engine(settings.resolved_database_url, single_use=True)
+    try:
+        async with engine.begin() as connection:
+            result = None
+            for statement in statements:
+                result = await connection.execute(text(statement))
+            return [tuple(row) for row in result] if result is not None and result.returns_rows else []
+    finally:
+        await engine.dispose()
+
+
+async def test_migrations_keep_data_and_refuse_to_invent_it(empty_settings: Settings) -> None:
+    """0002 rewrites `jobs` (a table recreation on SQLite): rows survive both ways, and the downgrade refuses to
+    make up a batch size for a job that has none."""
+    await migrate.upgrade_async(empty_settings, "0001")
+    await _execute(empty_settings, _TENANT_ROW, _job_row("old", "8, 64"))
+    await migrate.upgrade_async(empty_settings)
+    await _execute(empty_settings, _job_row("new", "NULL, NULL"))
+    rows = await _execute(empty_settings, "SELECT id, batch_size_min, batch_size_max FROM jobs ORDER BY id")
+    assert rows == [("new", None, None), ("old", 8, 64)]
+
+    with pytest.raises(RuntimeError, match="acme/new"):
+        await migrate.downgrade_async(empty_settings, "0001")
+    assert await migrate.current_async(empty_settings) == migrate.head_revision()
+
+    await _execute(empty_settings, "DELETE FROM jobs WHERE id = 'new'")
+    await migrate.downgrade_async(empty_settings, "0001")
+    assert await migrate.current_async(empty_settings) == "0001"
+    assert await _execute(empty_settings, "SELECT id, batch_size_min FROM jobs") == [("old", 8)]
+
+
 def test_sync_helpers_work_inside_a_running_loop_and_out(sqlite_settings: Settings) -> None:
     """The CLI calls the sync helpers; they must also work when a loop is already running in the thread."""
     migrate.upgrade(sqlite_settings)

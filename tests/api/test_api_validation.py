@@ -124,6 +124,18 @@ async def test_valid_job_round_trips(client: httpx.AsyncClient, acme: TenantHand
     assert fetched == job
 
 
+async def test_minimal_job_is_accepted(client: httpx.AsyncClient, acme: TenantHandle) -> None:
+    """The README's example: no ranges given, so the provider may not change the batch size."""
+    body = {"id": "llm-finetune", "name": "LLM fine-tune", "min_workers": 1, "max_workers": 4, "gpus_per_worker": 1}
+    created = await client.post("/v1/jobs", json=body, headers=acme.headers)
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert job["batch_size"] is None
+    assert job["gradient_accumulation"] == {"min": 1, "max": 1}
+    assert job["gradient_compression"] == {"allowed": ["none"], "powersgd_max_rank": None}
+    assert (await client.get("/v1/jobs/llm-finetune", headers=acme.headers)).json() == job
+
+
 async def test_malformed_requests(client: httpx.AsyncClient, acme: TenantHandle) -> None:
     not_json = await client.post(
         "/v1/jobs", content=b"{not json", headers={**acme.headers, "Content-Type": "application/json"}
