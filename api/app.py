@@ -64,6 +64,7 @@ def create_app(settings: Settings, *, broker: TenantBroker) -> FastAPI:
     app = FastAPI(title="HarmonAIze control plane", version=__version__, lifespan=lifespan)
     app.state.settings = settings
     app.state.registry = registry
+    app.state.broker = broker
     app.state.pseudonym_secret = secret
     install_error_handlers(app)
     app.include_router(build_router())

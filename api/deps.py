@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Tenant
 from api.services.tenants import TenantRegistry, authenticate
+from broker_config.accounts import TenantBroker
 from harmonaize.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`: the admin token or a tenant's")
@@ -38,6 +39,10 @@ def _registry(request: Request) -> TenantRegistry:
     return request.app.state.registry
 
 
+def _broker(request: Request) -> TenantBroker:
+    return request.app.state.broker
+
+
 def _pseudonym_secret(request: Request) -> bytes:
     return request.app.state.pseudonym_secret
 
@@ -46,6 +51,7 @@ SessionDep = Annotated[AsyncSession, Depends(_session)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 RegistryDep = Annotated[TenantRegistry, Depends(_registry)]
 PseudonymSecretDep = Annotated[bytes, Depends(_pseudonym_secret)]
+BrokerDep = Annotated[TenantBroker, Depends(_broker)]
 
 
 def _bearer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:

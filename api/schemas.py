@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from api.models import Compression, Host, Job, ParallelPlan
+from harmonaize.events import EventKind
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
 
 MAX_INT = 1_000_000_000
@@ -276,6 +277,29 @@ class GroupCapacityPublic(BaseModel):
     locality_group: str
     free_gpus: str
     free_gpus_at_least: int
+
+
+class EventConsumerUpdate(_Body):
+    """Which of the tenant's events a consumer delivers; empty lists mean all (the whole slice)."""
+
+    kinds: list[EventKind] = Field(default_factory=list, max_length=16)
+    jobs: list[JobId] = Field(default_factory=list, max_length=16)
+
+    @field_validator("kinds", "jobs")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("entries must be unique")
+        return value
+
+
+class EventConsumerPublic(BaseModel):
+    """Read it with `nc.jetstream(prefix=js_api_prefix).pull_subscribe_bind(name, stream=stream)`."""
+
+    name: str
+    stream: str
+    js_api_prefix: str
+    filter_subjects: list[str]
 
 
 class CapacityPublic(BaseModel):

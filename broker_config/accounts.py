@@ -42,6 +42,16 @@ class TenantNatsCredentials:
     subject_prefix: str
 
 
+@dataclass(frozen=True)
+class EventConsumer:
+    """A tenant's durable pull consumer on its events stream, as the tenant reads it."""
+
+    name: str
+    stream: str
+    js_api_prefix: str
+    filter_subjects: list[str]
+
+
 class TenantBroker(Protocol):
     """The broker operations the control plane depends on."""
 
@@ -55,4 +65,8 @@ class TenantBroker(Protocol):
 
     def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
         """The connection details to hand to a tenant whose user has `keys`."""
+        ...
+
+    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str]) -> EventConsumer:
+        """Create or update a tenant's durable pull consumer; filters must lie in the tenant's slice."""
         ...

@@ -26,13 +26,13 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from broker_config import keys as nkeys_util
-from broker_config.accounts import TenantAccount, TenantNatsCredentials, UserKeys
+from broker_config.accounts import EventConsumer, TenantAccount, TenantNatsCredentials, UserKeys
 from broker_config.keys import ProviderKeys
 from broker_config.render import TENANT_JS_PREFIX, render_accounts, tenant_account_name, tenant_stream_name, write_atomically
 from broker_config.server import BrokerError, check_accounts_text
 from broker_config.streams import tenant_events_stream, tenant_pull_consumer
 from harmonaize.subjects import tenant_slice
-from nats.js.api import ConsumerConfig, StreamConfig
+from nats.js.api import StreamConfig
 
 
 def reload_by_pid_file(pid_file: Path) -> Callable[[], None]:
@@ -49,27 +49,44 @@ def reload_by_pid_file(pid_file: Path) -> Callable[[], None]:
 
 
 async def connect_with_seed(servers: Sequence[str], seed: str, *, timeout: float = 2.0, **options: object) -> Client:
-    """One connection attempt, no reconnect loop: for probing whether credentials are accepted yet."""
-    return await nats.connect(
-        servers=list(servers),
-        nkeys_seed_str=seed,
-        connect_timeout=timeout,
-        allow_reconnect=False,
-        max_reconnect_attempts=0,
-        **options,  # type: ignore[arg-type]
+    """One bounded connection attempt, no reconnect loop: for probing whether credentials are accepted yet.
+
+    nats-py keeps retrying a refused initial connection even with reconnects disabled, so the attempt is bounded
+    here with `wait_for`.
+    """
+    options.setdefault("error_cb", _ignore)
+    return await asyncio.wait_for(
+        nats.connect(
+            servers=list(servers),
+            nkeys_seed_str=seed,
+            connect_timeout=timeout,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            **options,  # type: ignore[arg-type]
+        ),
+        timeout,
     )
 
 
-async def _connect_until_accepted(servers: Sequence[str], seed: str, *, deadline: float) -> Client:
-    """After a reload the server takes a moment to load a new account; retry until it accepts us or time runs out."""
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+async def _connect_until_accepted(
+    servers: Sequence[str], seed: str, *, deadline: float, unreachable_after: float = 1.0
+) -> Client:
+    """Connect, retrying while the server is still loading an account (authorization refused) until `deadline`.
+
+    A server that cannot be reached at all is reported after `unreachable_after` seconds rather than at the deadline,
+    so a caller (a tenant being created) gets its 503 quickly.
+    """
+    start = time.monotonic()
+    while True:
         try:
-            return await connect_with_seed(servers, seed, timeout=1.0, error_cb=_ignore)
-        except Exception as exc:  # nats-py raises several types for "not yet authorized"
-            last = exc
+            return await connect_with_seed(servers, seed, timeout=1.0)
+        except Exception as exc:  # nats-py raises several types for "not yet authorized" and "unreachable"
+            authorizing = "authorization" in str(exc).lower()
+            now = time.monotonic()
+            if now >= deadline or (not authorizing and now - start >= unreachable_after):
+                reason = "did not accept the account in time" if authorizing else "cannot be reached"
+                raise BrokerError(f"the broker at {', '.join(servers)} {reason}: {exc!r}") from exc
             await asyncio.sleep(0.05)
-    raise BrokerError(f"the broker did not accept the account in time: {last!r}")
 
 
 async def _ignore(_: Exception) -> None:
@@ -175,12 +192,22 @@ class NatsTenantBroker:
             finally:
                 await provider.close()
 
-    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str] = ()) -> ConsumerConfig:
-        """Create (or update) a tenant's durable pull consumer; its filters must lie inside the tenant's slice."""
+    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str] = ()) -> EventConsumer:
+        """Create (or update) a tenant's durable pull consumer; its filters must lie inside the tenant's slice.
+
+        Tenants cannot create consumers themselves (see render.py), so the provider does it for them, as a pull
+        consumer with no delivery subject.
+        """
         config = tenant_pull_consumer(tenant, name, filter_subjects=filter_subjects)
-        provider = await connect_with_seed(self.servers, self.keys.provider.seed, timeout=self.ready_timeout)
+        try:
+            provider = await connect_with_seed(self.servers, self.keys.provider.seed, timeout=self.ready_timeout)
+        except Exception as exc:
+            raise BrokerError(f"cannot reach the broker: {exc!r}") from exc
         try:
             info = await provider.jetstream().add_consumer(tenant_stream_name(tenant), config)
+        except Exception as exc:
+            raise BrokerError(f"the broker refused consumer {name!r}: {exc}") from exc
         finally:
             await provider.close()
-        return info.config
+        filters = [info.config.filter_subject] if info.config.filter_subject else list(info.config.filter_subjects or [])
+        return EventConsumer(name=name, stream=info.stream_name, js_api_prefix=TENANT_JS_PREFIX, filter_subjects=filters)

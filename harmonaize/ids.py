@@ -19,6 +19,7 @@ _ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}", re.ASCII)
 TenantId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 JobId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 HostId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+ConsumerName = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 
 
 class InvalidIdError(ValueError):

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import fields
 
 import nkeys
 
-from broker_config.accounts import TenantAccount, TenantNatsCredentials, UserKeys
+from broker_config.accounts import EventConsumer, TenantAccount, TenantNatsCredentials, UserKeys
 
 SERVERS = ["nats://in-memory.invalid:4222"]
-EVENTS_STREAM = "HZ_EVENTS"
 JS_API_PREFIX = "$JS.hz.API"
 
 
@@ -30,6 +28,7 @@ class InMemoryBroker:
     def __init__(self) -> None:
         self.applied: list[list[TenantAccount]] = []
         self.issued: list[UserKeys] = []
+        self.consumers: dict[tuple[str, str], EventConsumer] = {}
 
     @property
     def serving(self) -> list[TenantAccount]:
@@ -49,16 +48,21 @@ class InMemoryBroker:
     def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
         values = {
             "servers": list(SERVERS),
-            "account": tenant,
+            "account": f"T_{tenant}",
             "user_public_key": keys.public_key,
             "seed": keys.seed,
-            "stream": EVENTS_STREAM,
+            "stream": f"HZ_T_{tenant}",
             "js_api_prefix": JS_API_PREFIX,
             "subject_prefix": f"hz.t.{tenant}.",
         }
-        # The credentials record is still growing on the broker side; pass the fields this version of it declares.
-        declared = {item.name for item in fields(TenantNatsCredentials)}
-        return TenantNatsCredentials(**{name: value for name, value in values.items() if name in declared})
+        return TenantNatsCredentials(**values)
+
+
+    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str]) -> EventConsumer:
+        consumer = EventConsumer(name=name, stream=f"HZ_T_{tenant}", js_api_prefix=JS_API_PREFIX,
+                                 filter_subjects=list(filter_subjects))
+        self.consumers[(tenant, name)] = consumer
+        return consumer
 
 
 class FailingBroker(InMemoryBroker):

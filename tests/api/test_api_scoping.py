@@ -22,7 +22,11 @@ TENANT_ROUTES = {
     ("GET", "/v1/jobs"),
     ("GET", "/v1/jobs/{job_id}"),
     ("GET", "/v1/jobs/{job_id}/allocations"),
+    ("PUT", "/v1/event-consumers/{name}"),
 }
+OWN_NAMESPACE_ROUTES = {("PUT", "/v1/event-consumers/{name}")}
+"""Tenant routes whose path names something in the caller's own namespace (a consumer on the caller's own stream), so
+there is no other tenant's object to probe: the same name used by two tenants names two different consumers."""
 PUBLIC_ROUTES = {("GET", "/v1/healthz")}
 HOSTS = [("gpu-node-017", 4, "rack-a"), ("gpu-node-018", 4, "rack-b")]
 PROVIDER_NAMES = ["gpu-node-017", "gpu-node-018", "rack-a", "rack-b"]
@@ -108,7 +112,11 @@ async def test_tenant_routes_answer_404_for_another_tenants_ids(
     app: FastAPI, client: httpx.AsyncClient, world: World
 ) -> None:
     globex_values = {"job_id": world.globex_job}
-    id_routes = [(method, path) for method, path in _routes(app) if (method, path) in TENANT_ROUTES and "{" in path]
+    id_routes = [
+        (method, path)
+        for method, path in _routes(app)
+        if (method, path) in TENANT_ROUTES - OWN_NAMESPACE_ROUTES and "{" in path
+    ]
     assert id_routes
     for method, path in id_routes:
         response = await client.request(method, _fill(path, globex_values), headers=world.acme.headers)
@@ -180,3 +188,18 @@ async def test_capacity_is_bucketed(client: httpx.AsyncClient, world: World) -> 
     """rack-a: 4 GPUs, 4 allocated -> "0"; rack-b: 4 free -> "4-7"."""
     groups = (await client.get("/v1/capacity", headers=world.acme.headers)).json()["groups"]
     assert sorted((group["free_gpus"], group["free_gpus_at_least"]) for group in groups) == [("0", 0), ("4-7", 4)]
+
+
+async def test_event_consumers_live_in_the_callers_own_slice(
+    app: FastAPI, client: httpx.AsyncClient, world: World
+) -> None:
+    body = {"kinds": ["failure"], "jobs": [world.globex_job]}
+    for handle in (world.globex, world.acme):
+        response = await client.put("/v1/event-consumers/ctl", json=body, headers=handle.headers)
+        assert response.status_code == 200, response.text
+    acme_view = response.json()
+    assert acme_view["stream"] == "HZ_T_acme"
+    assert acme_view["filter_subjects"] == ["hz.t.acme.events.failure.globex-train"]
+    consumers = app.state.broker.consumers
+    assert consumers[("globex", "ctl")].filter_subjects == ["hz.t.globex.events.failure.globex-train"]
+    assert consumers[("acme", "ctl")].stream == "HZ_T_acme"

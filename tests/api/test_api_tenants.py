@@ -33,7 +33,7 @@ async def test_create_tenant_returns_secrets_once_and_applies_the_broker(
     assert acme.created["id"] == "acme" and acme.created["display_name"] == "Acme Corporation"
     assert acme.token.startswith("hzt_")
     nats = acme.created["nats"]
-    assert nats["account"] == "acme" and nats["subject_prefix"] == "hz.t.acme."
+    assert nats["account"] == "T_acme" and nats["subject_prefix"] == "hz.t.acme."
     public_key = nkeys.from_seed(bytearray(acme.seed.encode())).public_key.decode()
     assert public_key == nats["user_public_key"] == acme.created["nats_user_public_key"]
     assert [account.tenant for account in broker.serving] == ["acme"]
