@@ -35,6 +35,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from harmonaize.jobs import Compression, ParallelPlan
+
 ID_LENGTH = 63
 """Longest tenant, job or host id (see harmonaize.ids)."""
 
@@ -76,20 +78,6 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class ParallelPlan(enum.StrEnum):
-    """How a job partitions its model across workers; the provider may propose switching between them."""
-
-    DDP = "ddp"
-    FSDP = "fsdp"
-    HSDP = "hsdp"
-
-
-class Compression(enum.StrEnum):
-    """Gradient compression the provider may switch a job to, within what the tenant allowed."""
-
-    NONE = "none"
-    FP16 = "fp16"
-    POWERSGD = "powersgd"
 
 
 class Base(DeclarativeBase):

@@ -36,6 +36,7 @@ from harmonaize.events.fields import (
 )
 from harmonaize.events.kinds import EventKind, UnknownEventKindError, parse_kind
 from harmonaize.events.maintenance import Maintenance, MaintenanceKind, MaintenanceStatus, MaintenanceWindow
+from harmonaize.events.negotiation import NegotiationUpdate
 from harmonaize.events.registry import DEFAULT_REGISTRY, EventRegistry
 from harmonaize.events.sources import CONTROL_PLANE_SOURCE, agent_source
 from harmonaize.events.topology import BandwidthClass, GpuClass, GroupLink, LocalityGroup, Topology, TopologyNode
@@ -80,6 +81,7 @@ __all__ = [
     "MaintenanceWindow",
     "NoticeId",
     "Severity",
+    "NegotiationUpdate",
     "Topology",
     "TopologyNode",
     "UnknownEventKindError",

@@ -23,6 +23,7 @@ class EventKind(StrEnum):
     MAINTENANCE = "maintenance"
     CARBON = "carbon"
     CAPACITY = "capacity"
+    NEGOTIATION = "negotiation"
 
 
 class UnknownEventKindError(ValueError):

@@ -23,6 +23,7 @@ from harmonaize.events.errors import UnknownEventTypeError
 from harmonaize.events.failure import Failure
 from harmonaize.events.kinds import EventKind
 from harmonaize.events.maintenance import Maintenance
+from harmonaize.events.negotiation import NegotiationUpdate
 from harmonaize.events.topology import Topology
 
 __all__ = ["DEFAULT_REGISTRY", "EventRegistry"]
@@ -89,5 +90,7 @@ class EventRegistry:
         return ", ".join(self.types) or "(none)"
 
 
-DEFAULT_REGISTRY = EventRegistry([Topology, Congestion, Failure, Maintenance, CarbonIntensity, Capacity])
+DEFAULT_REGISTRY = EventRegistry(
+    [Topology, Congestion, Failure, Maintenance, CarbonIntensity, Capacity, NegotiationUpdate]
+)
 """Every event type this version of the contract publishes."""

@@ -13,7 +13,9 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent as SdkCloudEvent
 from cloudevents.v1.http import from_http as legacy_from_http
 
+from harmonaize.negotiation import NegotiationKind, NegotiationState, Offer, OfferOption
 from harmonaize.events import (
+    NegotiationUpdate,
     CONTENT_TYPE,
     DEFAULT_REGISTRY,
     BandwidthClass,
@@ -119,6 +121,22 @@ def _capacity() -> Capacity:
     )
 
 
+def _negotiation() -> NegotiationUpdate:
+    options = (
+        OfferOption(workers=3, reason="3 of 4 workers are free now"),
+        OfferOption(workers=4, start_at=T0 + timedelta(hours=2), expected_carbon_g_per_kwh=210.0,
+                    reason="4 workers from 02:00 when carbon is forecast low"),
+    )
+    return NegotiationUpdate(
+        negotiation_id="0192f0c1-7a2b-7c3d-8e4f-5a6b7c8d9e0f",
+        kind=NegotiationKind.SCALE,
+        state=NegotiationState.OFFERED,
+        round=2,
+        offer=Offer(options=options, expires_at=T0 + timedelta(minutes=5)),
+        at=T0,
+    )
+
+
 SAMPLES: dict[str, Callable[[], EventData]] = {
     "topology": _topology,
     "congestion": _congestion,
@@ -127,6 +145,7 @@ SAMPLES: dict[str, Callable[[], EventData]] = {
     "maintenance": _maintenance,
     "carbon": _carbon,
     "capacity": _capacity,
+    "negotiation": _negotiation,
 }
 
 

@@ -1,0 +1,131 @@
+"""The negotiation vocabulary shared by the provider's API and the tenant SDK.
+
+A negotiation is a short conversation about one job: the tenant asks (scale, repartition, defer, migrate region) with a
+desired value, an acceptable range and constraints; the provider answers with an offer of one or more options, each
+valid until an expiry ("3 workers now", or "4 workers from 02:00 when carbon is forecast at 210 g"); the tenant
+accepts one option, rejects, counters with new terms, or cancels. Every round is stored by the provider.
+
+States (the transition table itself lives with the provider, who enforces it):
+
+    offered   --accept-->  accepted   (terminal; the capacity ledger and desired placement change atomically)
+    offered   --reject-->  rejected   (terminal)
+    offered   --counter--> offered    (a new round with a new offer) | declined
+    offered   --cancel-->  cancelled  (terminal)
+    offered   --expiry-->  expired    (terminal; an expired offer cannot be accepted)
+    (request) ---------->  offered | declined (the provider can offer nothing inside the tenant's range)
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harmonaize.events.fields import UtcDatetime
+from harmonaize.ids import JobId
+from harmonaize.jobs import ParallelPlan
+
+MAX_WORKERS = 4096
+MAX_OPTIONS = 8
+
+
+class NegotiationKind(enum.StrEnum):
+    SCALE = "scale"  # change the number of workers
+    REPARTITION = "repartition"  # change the parallel plan (DDP / FSDP / HSDP)
+    DEFER = "defer"  # shift work in time (e.g. to low-carbon hours)
+    MIGRATE_REGION = "migrate_region"  # move to another region
+
+
+class NegotiationState(enum.StrEnum):
+    OFFERED = "offered"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    DECLINED = "declined"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self is not NegotiationState.OFFERED
+
+
+class Actor(enum.StrEnum):
+    TENANT = "tenant"
+    PROVIDER = "provider"
+
+
+class RoundAction(enum.StrEnum):
+    REQUEST = "request"
+    OFFER = "offer"
+    DECLINE = "decline"
+    COUNTER = "counter"
+    ACCEPT = "accept"
+    REJECT = "reject"
+    CANCEL = "cancel"
+    EXPIRE = "expire"
+
+
+class _Terms(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkerRange(_Terms):
+    min: int = Field(ge=0, le=MAX_WORKERS)
+    max: int = Field(ge=0, le=MAX_WORKERS)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError("min must be <= max")
+        return self
+
+
+class Constraints(_Terms):
+    """What must hold for an option to be acceptable to the tenant."""
+
+    deadline: UtcDatetime | None = Field(default=None, description="The change must take effect before this time.")
+    carbon_cap_g_per_kwh: float | None = Field(default=None, ge=0, le=5000)
+    budget_gpu_hours: float | None = Field(default=None, ge=0, le=1e7)
+
+
+class NegotiationTerms(_Terms):
+    """What the tenant asks for, in a request or a counter-offer."""
+
+    desired_workers: int | None = Field(default=None, ge=0, le=MAX_WORKERS)
+    accept_workers: WorkerRange | None = Field(default=None, description="Worker counts the tenant would accept.")
+    parallel_plan: ParallelPlan | None = None
+    start_after: UtcDatetime | None = Field(default=None, description="For defer: not before this time.")
+    region: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+    constraints: Constraints = Field(default_factory=Constraints)
+
+    @model_validator(mode="after")
+    def _desired_in_range(self) -> Self:
+        r = self.accept_workers
+        if self.desired_workers is not None and r is not None and not r.min <= self.desired_workers <= r.max:
+            raise ValueError("desired_workers must lie inside accept_workers")
+        return self
+
+
+class OfferOption(_Terms):
+    """One thing the provider would do; the tenant accepts at most one option of an offer."""
+
+    workers: int | None = Field(default=None, ge=0, le=MAX_WORKERS)
+    parallel_plan: ParallelPlan | None = None
+    start_at: UtcDatetime | None = Field(default=None, description="None: as soon as accepted.")
+    region: str | None = None
+    expected_carbon_g_per_kwh: float | None = Field(default=None, ge=0)
+    reason: str = Field(default="", max_length=300)
+
+
+class Offer(_Terms):
+    options: tuple[OfferOption, ...] = Field(min_length=1, max_length=MAX_OPTIONS)
+    expires_at: UtcDatetime
+
+
+class NegotiationRequest(_Terms):
+    """The body of `POST /v1/negotiations` (with an `Idempotency-Key` header)."""
+
+    job: JobId
+    kind: NegotiationKind
+    terms: NegotiationTerms
