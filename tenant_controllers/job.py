@@ -1,0 +1,184 @@
+"""`Job`: a handler's view of one job, and the way it asks the provider for changes.
+
+A `Job` is level-based: its fields are the provider's current answer to `GET /v1/jobs/{id}` (the runtime refreshes it
+before each handler call and each resync), never a value remembered from an old event. What the controller has
+*observed* about the job is there too: `job.latest(CarbonIntensity)` is the newest carbon event seen for this job (by
+CloudEvent time, so late or reordered deliveries never roll it back), and it survives restarts.
+
+The negotiation methods send one request and return an `Offer` handle (or raise `Declined`); they never wait for
+anything else, so a handler stays short and its outcome is decided by what it returns or raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from harmonaize.events import EventData
+from harmonaize.jobs import ParallelPlan
+from harmonaize.negotiation import NegotiationKind, NegotiationState, NegotiationTerms
+from tenant_controllers.api_client import ProviderApi
+from tenant_controllers.errors import Declined
+from tenant_controllers.models import Negotiation
+from tenant_controllers.offer import Offer
+from tenant_controllers.terms import WorkerBounds, build_terms
+
+__all__ = ["Job", "LatestLookup"]
+
+DataT = TypeVar("DataT", bound=EventData)
+LatestLookup = Callable[[str, type[EventData]], EventData | None]
+
+
+class Job:
+    """One of the controller's jobs, as the provider has it now."""
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        api: ProviderApi,
+        latest: LatestLookup | None = None,
+        snapshot: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.id = job_id
+        self._api = api
+        self._latest = latest or (lambda _job, _model: None)
+        self._snapshot: dict[str, Any] | None = dict(snapshot) if snapshot is not None else None
+        self.memo: dict[str, Any] = {}
+        """Scratch space that lives as long as the controller process (not persisted)."""
+
+    def __repr__(self) -> str:
+        if self._snapshot is None:
+            return f"Job({self.id!r}, not loaded)"
+        return f"Job({self.id!r}, workers={self.workers}, plan={self.parallel_plan.value})"
+
+    # -- current state -----------------------------------------------------------------------------------------------
+
+    async def refresh(self) -> Job:
+        """Re-read the job from the provider."""
+        self._snapshot = await self._api.get_job(self.id)
+        return self
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The provider's full answer to `GET /v1/jobs/{id}` (a copy)."""
+        return dict(self._loaded())
+
+    @property
+    def workers(self) -> int:
+        """The agreed number of workers (`desired_workers`); before any agreement, the job's minimum."""
+        snapshot = self._loaded()
+        desired = snapshot.get("desired_workers")
+        return int(desired if desired is not None else snapshot["min_workers"])
+
+    @property
+    def min_workers(self) -> int:
+        return int(self._loaded()["min_workers"])
+
+    @property
+    def max_workers(self) -> int:
+        return int(self._loaded()["max_workers"])
+
+    @property
+    def gpus_per_worker(self) -> int:
+        return int(self._loaded().get("gpus_per_worker", 1))
+
+    @property
+    def parallel_plan(self) -> ParallelPlan:
+        return ParallelPlan(self._loaded()["parallel_plan"])
+
+    def latest(self, model: type[DataT]) -> DataT | None:
+        """The newest `model` event observed for this job (by event time), or None."""
+        found = self._latest(self.id, model)
+        return found if isinstance(found, model) else None
+
+    def _loaded(self) -> dict[str, Any]:
+        if self._snapshot is None:
+            raise RuntimeError(f"job {self.id!r} has not been loaded: await job.refresh() first")
+        return self._snapshot
+
+    # -- negotiation -------------------------------------------------------------------------------------------------
+
+    async def negotiate(
+        self,
+        *,
+        scale_to: int,
+        accept: WorkerBounds | None = None,
+        carbon_cap: float | None = None,
+        deadline: datetime | timedelta | None = None,
+        budget_gpu_hours: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Offer:
+        """Ask to run with `scale_to` workers, accepting any count in `accept` (inclusive)."""
+        terms = build_terms(
+            scale_to=scale_to, accept=accept, carbon_cap=carbon_cap, deadline=deadline,
+            budget_gpu_hours=budget_gpu_hours,
+        )
+        return await self.request(NegotiationKind.SCALE, terms, idempotency_key=idempotency_key)
+
+    async def repartition(
+        self,
+        plan: ParallelPlan | str,
+        *,
+        carbon_cap: float | None = None,
+        deadline: datetime | timedelta | None = None,
+        idempotency_key: str | None = None,
+    ) -> Offer:
+        """Ask to switch the job's parallel plan (e.g. DDP -> HSDP grouped by locality)."""
+        terms = build_terms(plan=plan, carbon_cap=carbon_cap, deadline=deadline)
+        return await self.request(NegotiationKind.REPARTITION, terms, idempotency_key=idempotency_key)
+
+    async def defer(
+        self,
+        *,
+        start_after: datetime | timedelta,
+        scale_to: int | None = None,
+        accept: WorkerBounds | None = None,
+        carbon_cap: float | None = None,
+        deadline: datetime | timedelta | None = None,
+        idempotency_key: str | None = None,
+    ) -> Offer:
+        """Ask to shift work to later (e.g. low-carbon hours), optionally at another size."""
+        terms = build_terms(
+            start_after=start_after, scale_to=scale_to, accept=accept, carbon_cap=carbon_cap, deadline=deadline
+        )
+        return await self.request(NegotiationKind.DEFER, terms, idempotency_key=idempotency_key)
+
+    async def migrate(
+        self,
+        *,
+        region: str,
+        carbon_cap: float | None = None,
+        deadline: datetime | timedelta | None = None,
+        idempotency_key: str | None = None,
+    ) -> Offer:
+        """Ask to move the job to another region."""
+        terms = build_terms(region=region, carbon_cap=carbon_cap, deadline=deadline)
+        return await self.request(NegotiationKind.MIGRATE_REGION, terms, idempotency_key=idempotency_key)
+
+    async def request(
+        self, kind: NegotiationKind, terms: NegotiationTerms, *, idempotency_key: str | None = None
+    ) -> Offer:
+        """Open a negotiation of any kind with explicit terms; raises Declined when nothing can be offered."""
+        negotiation = await self._api.create_negotiation(
+            job=self.id, kind=kind, terms=terms, idempotency_key=idempotency_key
+        )
+        if negotiation.state is NegotiationState.DECLINED:
+            raise Declined(negotiation)
+        return Offer(negotiation, api=self._api)
+
+    def negotiations(
+        self,
+        *,
+        state: NegotiationState | str | None = None,
+        kind: NegotiationKind | str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> AsyncIterator[Negotiation]:
+        """This job's negotiation history (every round of each), oldest first as the provider pages it."""
+        return self._api.list_negotiations(job=self.id, state=state, kind=kind, since=since, until=until)
+
+    async def open_offers(self) -> list[Offer]:
+        """Negotiations of this job still waiting for our answer (e.g. left open by a crashed run)."""
+        return [Offer(n, api=self._api) async for n in self.negotiations(state=NegotiationState.OFFERED)]

@@ -1,0 +1,163 @@
+"""Events from the provider's broker: a durable JetStream pull consumer, created for us over REST.
+
+Tenants cannot create consumers on the broker (a push consumer could deliver into another tenant's subjects, see
+broker_config/render.py), so `open` asks the control plane (`PUT /v1/event-consumers/{name}` with our kinds and jobs)
+and then binds to the consumer through the JetStream API the tenant account imports under `js_api_prefix`.
+
+Traps handled here (NOTES.md): the broker reports permission problems only through `error_cb`, so errors are logged,
+never silently dropped; acks are plain publishes to `$JS.ACK...` (allowed for tenant users), so an ack can be lost and
+the event redelivered, which the runtime's de-duplication absorbs; the connection reconnects forever, and `fetch`
+turns every transient broker failure into "nothing arrived yet" so the pull loop keeps going across broker restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
+
+from tenant_controllers.api_client import ProviderApi
+from tenant_controllers.errors import TemporaryError
+from tenant_controllers.sources import Subscription
+
+__all__ = ["NatsDelivery", "NatsEventSource"]
+
+_log = logging.getLogger("tenant_controllers.nats")
+
+
+class NatsDelivery:
+    """One JetStream message; implements `Delivery`."""
+
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+
+    @property
+    def data(self) -> bytes:
+        return self._msg.data
+
+    @property
+    def subject(self) -> str:
+        return self._msg.subject
+
+    @property
+    def num_delivered(self) -> int:
+        try:
+            return int(self._msg.metadata.num_delivered)
+        except Exception:  # not a JetStream message (cannot happen on a pull consumer)
+            return 1
+
+    async def ack(self) -> None:
+        await self._quietly(self._msg.ack)
+
+    async def nak(self, delay: float | None = None) -> None:
+        await self._quietly(lambda: self._msg.nak(delay=delay) if delay else self._msg.nak())
+
+    async def in_progress(self) -> None:
+        await self._quietly(self._msg.in_progress)
+
+    async def term(self) -> None:
+        await self._quietly(self._msg.term)
+
+    async def _quietly(self, action: Any) -> None:
+        """An ack that cannot be sent (broker down) only means a redelivery later, which de-duplication absorbs."""
+        try:
+            await action()
+        except (nats.errors.Error, OSError) as exc:
+            _log.warning("could not settle %s with the broker (%s); it will be redelivered", self._msg.subject, exc)
+
+
+class NatsEventSource:
+    """A tenant's durable pull consumer on the provider's broker; implements `EventSource`."""
+
+    def __init__(
+        self,
+        *,
+        servers: str | Sequence[str],
+        seed: str,
+        api: ProviderApi,
+        reconnect_wait: float = 0.5,
+        connect_timeout: float = 2.0,
+    ) -> None:
+        self._servers = [servers] if isinstance(servers, str) else list(servers)
+        self._seed = seed
+        self._api = api
+        self._reconnect_wait = reconnect_wait
+        self._connect_timeout = connect_timeout
+        self._nc: Client | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._ack_wait: float | None = None
+        self.errors: list[str] = []
+        """Asynchronous errors the broker reported (permission violations arrive only this way)."""
+
+    @property
+    def ack_wait(self) -> float | None:
+        return self._ack_wait
+
+    async def open(self, subscription: Subscription) -> None:
+        info = await self._api.put_event_consumer(
+            subscription.consumer, kinds=subscription.kinds, jobs=subscription.jobs
+        )
+        if self._nc is None or self._nc.is_closed:
+            self._nc = await self._connect()
+        js = self._nc.jetstream(prefix=info.js_api_prefix)
+        try:
+            self._sub = await js.pull_subscribe_bind(info.name, stream=info.stream)
+            consumer = await js.consumer_info(info.stream, info.name)
+        except nats.errors.Error as exc:
+            raise TemporaryError(f"cannot bind to consumer {info.name}: {exc}") from exc
+        self._ack_wait = consumer.config.ack_wait
+        _log.info("pulling %s from stream %s (filters %s)", info.name, info.stream, ", ".join(info.filter_subjects))
+
+    async def _connect(self) -> Client:
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(str(exc))
+            _log.warning("broker error: %s", exc)
+
+        async def on_disconnect() -> None:
+            _log.warning("disconnected from the broker; reconnecting")
+
+        async def on_reconnect() -> None:
+            _log.info("reconnected to the broker")
+
+        try:
+            return await nats.connect(
+                servers=self._servers,
+                nkeys_seed_str=self._seed,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=self._reconnect_wait,
+                connect_timeout=self._connect_timeout,
+            )
+        except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+            raise TemporaryError(f"cannot connect to the broker at {', '.join(self._servers)}: {exc!r}") from exc
+
+    async def fetch(self, *, batch: int, timeout: float) -> Sequence[NatsDelivery]:
+        if self._sub is None:
+            raise RuntimeError("open() the source first")
+        try:
+            messages = await self._sub.fetch(batch, timeout=timeout)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        except (nats.errors.Error, OSError) as exc:  # disconnected, reconnecting, slow consumer...
+            _log.debug("fetch failed (%s); retrying", exc)
+            await asyncio.sleep(min(timeout, self._reconnect_wait))
+            return []
+        return [NatsDelivery(msg) for msg in messages]
+
+    async def close(self) -> None:
+        nc, self._nc, self._sub = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.drain()
+            except (nats.errors.Error, OSError, asyncio.TimeoutError):
+                await nc.close()

@@ -1,0 +1,70 @@
+"""The transport seam: where a controller's events come from, and how it tells the source it is done with one.
+
+The runtime speaks only to these two protocols. `NatsEventSource` (a durable JetStream pull consumer the provider
+created for us) and `MemoryEventSource` (a real in-process transport with the same at-least-once semantics, for
+fast tests) both implement them, in the spirit of httpx's transports: tests swap the transport, not the code under test.
+
+Semantics every source must keep (JetStream's):
+* a delivery not acked within the ack wait is delivered again (`num_delivered` counts); `in_progress` extends it;
+* `nak(delay)` asks for redelivery after `delay` seconds; `term` drops the message for good (unparseable events);
+* `fetch` returns an empty list when nothing arrived within `timeout`, and never raises for a transient outage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from harmonaize.events import EventKind
+
+__all__ = ["Delivery", "EventSource", "Subscription"]
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """What a controller wants: its durable consumer's name, the kinds it handles and its jobs."""
+
+    consumer: str
+    kinds: tuple[EventKind, ...]
+    jobs: tuple[str, ...]
+
+
+@runtime_checkable
+class Delivery(Protocol):
+    """One delivery of one stored message."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def num_delivered(self) -> int: ...
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay: float | None = None) -> None: ...
+
+    async def in_progress(self) -> None: ...
+
+    async def term(self) -> None: ...
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """A durable, at-least-once stream of a tenant's events."""
+
+    @property
+    def ack_wait(self) -> float | None:
+        """Seconds before an unacked delivery comes again (None: unknown); the runtime heartbeats well within it."""
+        ...
+
+    async def open(self, subscription: Subscription) -> None:
+        """Create or resume the durable consumer; raise TemporaryError to be called again, PermanentError to stop."""
+        ...
+
+    async def fetch(self, *, batch: int, timeout: float) -> Sequence[Delivery]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,174 @@
+"""The controller's memory across restarts: which events each handler finished, and the newest observations.
+
+JetStream delivers at least once: an event whose ack was lost (the controller was killed after handling it, or the
+broker restarted) comes again, and a provider may publish the same CloudEvent twice under different `Nats-Msg-Id`s.
+So the runtime records, per controller, CloudEvent id and handler, that the handler finished (its outcome, i.e. the
+return value, or that it gave up), in the same transaction; the ack is sent only after that commit. A redelivered
+event whose handlers are all recorded is acked and skipped. Recording per handler means a restart re-runs only the
+handlers that had not finished.
+
+What this cannot cover: a handler killed after its side effects but before the commit runs again after restart.
+Side effects must therefore be idempotent; negotiation requests are (see `idempotency`).
+
+SQLite in WAL mode with `synchronous=NORMAL`: a commit survives the process being killed (the case we handle); an OS
+crash may lose the last commits, which only means some events are handled again. Retention is bounded by age (longer
+than the broker keeps events, so nothing it can still redeliver is forgotten) and by row count.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+__all__ = ["HandledRecord", "HandledStore", "Status"]
+
+DEFAULT_RETENTION = timedelta(days=8)
+"""The broker keeps a tenant's events 7 days (broker_config/streams.py); remember handled ids a day longer."""
+DEFAULT_MAX_ENTRIES = 200_000
+PRUNE_EVERY = 1000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS handled (
+    controller TEXT NOT NULL,
+    event_id   TEXT NOT NULL,
+    handler    TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    outcome    TEXT,
+    at         REAL NOT NULL,
+    PRIMARY KEY (controller, event_id, handler)
+);
+CREATE INDEX IF NOT EXISTS handled_at ON handled (at);
+CREATE TABLE IF NOT EXISTS latest (
+    controller TEXT NOT NULL,
+    job        TEXT NOT NULL,
+    type       TEXT NOT NULL,
+    time       TEXT NOT NULL,
+    event_id   TEXT NOT NULL,
+    event      TEXT NOT NULL,
+    PRIMARY KEY (controller, job, type)
+);
+"""
+
+
+class Status:
+    DONE = "done"  # the handler returned; `outcome` is its return value
+    GAVE_UP = "gave_up"  # PermanentError, or retries exhausted; `outcome` is the error
+    STALE = "stale"  # latest_only handler, and a newer event of the type had been seen
+
+
+@dataclass(frozen=True)
+class HandledRecord:
+    controller: str
+    event_id: str
+    handler: str
+    status: str
+    outcome: Any
+    at: float
+
+
+class HandledStore:
+    """Handled event ids and newest observations, in one SQLite file (or `:memory:`)."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        retention: timedelta = DEFAULT_RETENTION,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+    ) -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._retention = retention.total_seconds()
+        self._max_entries = max_entries
+        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._writes = 0
+        self.prune()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> HandledStore:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- handled events ----------------------------------------------------------------------------------------------
+
+    def finished_handlers(self, controller: str, event_id: str) -> set[str]:
+        """Handlers that already finished (or gave up on) this event."""
+        rows = self._db.execute(
+            "SELECT handler FROM handled WHERE controller = ? AND event_id = ?", (controller, event_id)
+        )
+        return {row[0] for row in rows}
+
+    def record(self, controller: str, event_id: str, handler: str, *, status: str, outcome: Any = None) -> None:
+        """Commit that `handler` finished `event_id` (call before acking the event)."""
+        encoded = json.dumps(to_jsonable_python(outcome, fallback=repr))
+        self._db.execute(
+            "INSERT OR REPLACE INTO handled (controller, event_id, handler, status, outcome, at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (controller, event_id, handler, status, encoded, time.time()),
+        )
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 0:
+            self.prune()
+
+    def records(self, controller: str | None = None) -> list[HandledRecord]:
+        """Everything recorded (for one controller), oldest first."""
+        query = "SELECT controller, event_id, handler, status, outcome, at FROM handled"
+        params: tuple[str, ...] = ()
+        if controller is not None:
+            query += " WHERE controller = ?"
+            params = (controller,)
+        rows = self._db.execute(query + " ORDER BY at, rowid", params)
+        return [HandledRecord(c, e, h, s, json.loads(o) if o is not None else None, a) for c, e, h, s, o, a in rows]
+
+    def prune(self, *, now: float | None = None) -> int:
+        """Forget records older than the retention, then the oldest beyond `max_entries`; returns rows removed."""
+        cutoff = (now if now is not None else time.time()) - self._retention
+        removed = self._db.execute("DELETE FROM handled WHERE at < ?", (cutoff,)).rowcount
+        (count,) = self._db.execute("SELECT COUNT(*) FROM handled").fetchone()
+        if count > self._max_entries:
+            removed += self._db.execute(
+                "DELETE FROM handled WHERE rowid IN (SELECT rowid FROM handled ORDER BY at, rowid LIMIT ?)",
+                (count - self._max_entries,),
+            ).rowcount
+        return removed
+
+    # -- newest observations -----------------------------------------------------------------------------------------
+
+    def observe(self, controller: str, job: str, event_type: str, *, time_: datetime, event_id: str, event: str) -> bool:
+        """Keep `event` if it is the newest of its type for the job; True when it is (ties: the first one seen)."""
+        row = self._db.execute(
+            "SELECT time, event_id FROM latest WHERE controller = ? AND job = ? AND type = ?",
+            (controller, job, event_type),
+        ).fetchone()
+        stamp = time_.isoformat()
+        if row is not None:
+            newest = datetime.fromisoformat(row[0])
+            if time_ < newest or (time_ == newest and row[1] != event_id):
+                return False
+            if row[1] == event_id:
+                return True
+        self._db.execute(
+            "INSERT OR REPLACE INTO latest (controller, job, type, time, event_id, event) VALUES (?, ?, ?, ?, ?, ?)",
+            (controller, job, event_type, stamp, event_id, event),
+        )
+        return True
+
+    def latest(self, controller: str) -> dict[tuple[str, str], str]:
+        """(job, type) -> the newest event's JSON, for one controller."""
+        rows = self._db.execute("SELECT job, type, event FROM latest WHERE controller = ?", (controller,))
+        return {(job, event_type): event for job, event_type, event in rows}

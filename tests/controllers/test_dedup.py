@@ -1,0 +1,172 @@
+"""Fast tier: at-least-once in, once per CloudEvent id out: duplicates, lost acks, restarts, per-handler progress."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from harmonaize.events import CarbonIntensity, Failure
+from tenant_controllers import Controller, Job, TemporaryError
+from tenant_controllers.api_client import ProviderApi
+from tenant_controllers.memory import Faults, MemoryBroker, MemoryEventSource
+from tenant_controllers.store import HandledStore, Status
+from tests.controllers.support import T0, carbon, failure, running
+from tests.support import eventually
+
+
+async def test_the_same_cloudevent_published_under_two_message_ids_is_handled_once(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
+    ctl = Controller(job="llm-finetune")
+    handled: list[str] = []
+
+    @ctl.on(Failure)
+    async def on_failure(event: Failure, job: Job) -> None:
+        handled.append(event.kind.value)
+
+    event = failure()
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(event, msg_id="publish-1")
+        bus.publish(event, msg_id="publish-2")  # the provider retried its publish with a new Nats-Msg-Id
+        await eventually(lambda: runtime.stats.duplicates == 1, what="second copy recognised")
+    assert bus.stored == 2 and handled == ["host_down"]
+    assert bus.consumer_state(ctl.consumer) == (2, 0)
+
+
+async def test_lost_acks_redeliver_but_never_rerun_a_handler(api: ProviderApi, store: HandledStore) -> None:
+    bus = MemoryBroker(tenant="acme", ack_wait=0.1, faults=Faults(lose_ack=0.5, seed=3))
+    ctl = Controller(job="llm-finetune")
+    handled: list[str] = []
+
+    @ctl.on(CarbonIntensity)
+    async def on_carbon(event: CarbonIntensity) -> None:
+        handled.append(str(event.g_per_kwh))
+
+    events = [carbon(100 + n, at=T0 + timedelta(minutes=n)) for n in range(20)]
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        for event in events:
+            bus.publish(event)
+        await eventually(lambda: bus.consumer_state(ctl.consumer) == (20, 0), what="every event finally acked")
+    assert sorted(handled) == sorted(str(float(100 + n)) for n in range(20))
+    assert runtime.stats.duplicates > 0, "some acks were lost, so some events came back"
+
+
+async def test_a_restarted_controller_skips_what_it_handled_but_could_not_ack(tmp_path: Path, api: ProviderApi) -> None:
+    """Killed after the handler's outcome was committed, before the ack reached the broker."""
+    bus = MemoryBroker(tenant="acme", ack_wait=0.1, faults=Faults(lose_ack=1.0))
+    path = tmp_path / "handled.sqlite3"
+    calls: list[int] = []
+
+    def build() -> Controller:
+        ctl = Controller(job="llm-finetune", name="guard")
+
+        @ctl.on(Failure)
+        async def on_failure(event: Failure) -> str:
+            calls.append(1)
+            return "replaced"
+
+        return ctl
+
+    with HandledStore(path) as store:
+        async with running(build(), source=MemoryEventSource(bus), api=api, store=store) as first:
+            bus.publish(failure())
+            await eventually(lambda: first.stats.handled == 1, what="handled once")
+    bus.faults = Faults()
+    with HandledStore(path) as store:  # a new process: only the file survives
+        async with running(build(), source=MemoryEventSource(bus), api=api, store=store) as second:
+            await eventually(lambda: second.stats.duplicates >= 1, what="redelivery skipped")
+        assert [r.outcome for r in store.records()] == ["replaced"]
+    assert calls == [1]
+    assert bus.consumer_state("ctl-llm-finetune-guard") == (1, 0)
+
+
+async def test_progress_is_per_handler_a_restart_reruns_only_the_unfinished_one(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
+    calls: list[str] = []
+    fail_second = True
+
+    ctl = Controller(job="llm-finetune")
+
+    @ctl.on(Failure, id="first")
+    async def first(event: Failure) -> None:
+        calls.append("first")
+
+    @ctl.on(Failure, id="second", retries=20)
+    async def second(event: Failure) -> None:
+        calls.append("second")
+        if fail_second:
+            raise TemporaryError("provider busy", delay=30)
+
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store):
+        bus.publish(failure())
+        await eventually(lambda: calls == ["first", "second"], what="first done, second waiting")
+    fail_second = False
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as again:
+        await eventually(lambda: again.stats.handled == 1, what="second finished in the next run")
+    assert calls == ["first", "second", "second"]
+    assert {r.handler: r.status for r in store.records()} == {"first": Status.DONE, "second": Status.DONE}
+
+
+async def test_latest_only_handlers_skip_events_older_than_one_already_seen(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
+    ctl = Controller(job="llm-finetune")
+    levels: list[float] = []
+    facts: list[float] = []
+
+    @ctl.on(CarbonIntensity, latest_only=True)
+    async def level(event: CarbonIntensity, job: Job) -> None:
+        levels.append(event.g_per_kwh)
+        assert job.latest(CarbonIntensity) == event
+
+    @ctl.on(CarbonIntensity, id="every")
+    async def every(event: CarbonIntensity) -> None:
+        facts.append(event.g_per_kwh)
+
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(carbon(300, at=T0 + timedelta(minutes=10)))
+        await eventually(lambda: levels == [300], what="newest handled")
+        bus.publish(carbon(100, at=T0))  # older, arriving late
+        bus.publish(carbon(250, at=T0 + timedelta(minutes=20)))
+        await eventually(lambda: len(facts) == 3, what="all three seen by the plain handler")
+    assert levels == [300, 250] and runtime.stats.stale == 1
+
+
+async def test_latest_observations_survive_a_restart(bus: MemoryBroker, api: ProviderApi, tmp_path: Path) -> None:
+    path = tmp_path / "handled.sqlite3"
+    seen: list[float | None] = []
+
+    def build() -> Controller:
+        ctl = Controller(job="llm-finetune", name="c")
+
+        @ctl.on(CarbonIntensity)
+        async def on_carbon(event: CarbonIntensity) -> None: ...
+
+        @ctl.on_resync
+        async def resync(job: Job) -> None:
+            latest = job.latest(CarbonIntensity)
+            seen.append(latest.g_per_kwh if latest else None)
+
+        return ctl
+
+    with HandledStore(path) as store:
+        async with running(build(), source=MemoryEventSource(bus), api=api, store=store, resync_interval=0.05) as rt:
+            bus.publish(carbon(123, at=T0))
+            await eventually(lambda: rt.stats.handled == 1 and seen and seen[-1] == 123, what="observed")
+    seen.clear()
+    with HandledStore(path) as store:
+        async with running(build(), source=MemoryEventSource(bus), api=api, store=store, resync_interval=60) as rt:
+            await eventually(lambda: rt.stats.resyncs == 1, what="first resync of the new run")
+    assert seen == [123]
+
+
+def test_store_retention_is_bounded_by_age_and_count(tmp_path: Path) -> None:
+    with HandledStore(tmp_path / "s.sqlite3", retention=timedelta(hours=1), max_entries=5) as store:
+        for n in range(8):
+            store.record("c", f"e{n}", "h", status=Status.DONE, outcome=n)
+        assert store.prune() == 3
+        assert [r.event_id for r in store.records()] == ["e3", "e4", "e5", "e6", "e7"]
+        assert store.prune(now=time.time() + 2 * 3600) == 5
+        assert store.records() == []

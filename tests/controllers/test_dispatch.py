@@ -1,0 +1,141 @@
+"""Fast tier: handlers are typed, filtered by job, bound by signature; the runtime routes, acks and ignores correctly.
+
+Runs over `MemoryBroker` (a real in-process transport with JetStream's semantics) and the fake provider API.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from harmonaize.events import CarbonIntensity, CloudEvent, Congestion, Failure, FailureKind
+from tenant_controllers import Controller, Job
+from tenant_controllers.api_client import ProviderApi
+from tenant_controllers.controller import consumer_name
+from tenant_controllers.memory import MemoryBroker, MemoryEventSource
+from tenant_controllers.store import HandledStore
+from tests.controllers.support import carbon, failure, running
+from tests.support import eventually
+
+
+async def test_handlers_get_typed_payloads_and_only_their_jobs_events(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
+    ctl = Controller(tenant="acme", job="llm-finetune")
+    seen: list[tuple[str, Any, str, int]] = []
+
+    @ctl.on(Failure)
+    async def on_failure(event: Failure, job: Job) -> None:
+        seen.append(("failure", event, job.id, job.workers))
+
+    @ctl.on(CarbonIntensity)
+    async def on_carbon(event: CarbonIntensity, job: Job) -> None:
+        seen.append(("carbon", event, job.id, job.workers))
+
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(failure(job="other-job"))
+        bus.publish(failure())
+        bus.publish(carbon(180))
+        await eventually(lambda: len(seen) == 2, what="two handled events")
+    assert [(name, type(payload), job, workers) for name, payload, job, workers in seen] == [
+        ("failure", Failure, "llm-finetune", 2),
+        ("carbon", CarbonIntensity, "llm-finetune", 2),
+    ]
+    assert seen[1][1].g_per_kwh == 180
+    assert runtime.stats.handled == 2
+    assert ctl.kinds == ("carbon", "failure")
+
+
+async def test_runtime_drops_other_jobs_and_unhandled_kinds_even_when_the_source_delivers_them(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
+    """The consumer's filter is the first line; the runtime's own routing is the second."""
+    ctl = Controller(tenant="acme", job="llm-finetune")
+    calls: list[str] = []
+
+    @ctl.on(Failure)
+    async def on_failure(event: Failure) -> None:
+        calls.append(event.kind.value)
+
+    source = MemoryEventSource(bus)
+    async with running(ctl, source=source, api=api, store=store) as runtime:
+        assert source.subscription is not None and source.subscription.jobs == ("llm-finetune",)
+        bus._consumers[ctl.consumer].subscription = type(source.subscription)(ctl.consumer, (), ())  # widen it
+        bus.publish(failure(job="other-job"))
+        bus.publish(carbon(100))
+        bus.publish_raw("hz.t.acme.events.failure.llm-finetune", b'{"not": "a cloudevent"}')
+        bus.publish(failure(kind=FailureKind.GPU_ERROR))
+        await eventually(lambda: calls == ["gpu_error"], what="only our job's failure handled")
+        await eventually(lambda: runtime.stats.ignored == 2 and runtime.stats.terminated == 1, what="routing counts")
+    assert bus.consumer_state(ctl.consumer) == (3, 0), "everything settled: 3 acked, the malformed one terminated"
+
+
+async def test_handler_may_ask_for_the_envelope_and_a_logger_and_may_be_sync(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
+    ctl = Controller(tenant="acme", job="llm-finetune")
+    got: dict[str, Any] = {}
+
+    @ctl.on(Failure)
+    async def with_envelope(envelope: CloudEvent[Failure], log: logging.Logger, *, job: Job) -> None:
+        got["envelope"] = envelope
+        got["logger"] = log
+        got["job"] = job
+
+    @ctl.on(Failure, id="sync-handler")
+    def plain(event: Failure) -> str:
+        got["sync"] = event.kind
+        return "done"
+
+    published = failure()
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(published)
+        await eventually(lambda: runtime.stats.handled == 2, what="both handlers")
+    assert got["envelope"].id == published.id and isinstance(got["envelope"].data, Failure)
+    assert isinstance(got["logger"], logging.Logger)
+    assert got["job"].id == "llm-finetune"
+    assert got["sync"] is FailureKind.HOST_DOWN
+    assert {r.handler: r.outcome for r in store.records()} == {"sync-handler": "done",
+                                                               with_envelope.__qualname__: None}
+
+
+def test_a_parameter_the_sdk_cannot_fill_fails_at_decoration() -> None:
+    ctl = Controller(job="j")
+    with pytest.raises(TypeError, match="parameter 'mystery'"):
+        @ctl.on(Failure)
+        async def bad(event: Failure, mystery: int) -> None: ...
+
+    with pytest.raises(TypeError, match="parameter 'event'"):
+        @ctl.on(Failure)
+        async def wrong_model(event: Congestion) -> None: ...
+
+    with pytest.raises(TypeError, match="parameter 'event'"):
+        @ctl.on_resync
+        async def resync_cannot_take_events(event: Failure) -> None: ...
+
+    with pytest.raises(TypeError, match="event model"):
+        ctl.on("failure")  # type: ignore[arg-type]
+
+
+def test_handler_ids_are_unique_and_controllers_need_a_job() -> None:
+    ctl = Controller(job="j")
+
+    @ctl.on(Failure)
+    async def one(event: Failure) -> None: ...
+
+    with pytest.raises(ValueError, match="two handlers"):
+        ctl.on(Failure, id=one.__qualname__)(one)
+    with pytest.raises(ValueError, match="job="):
+        Controller(tenant="acme")
+    with pytest.raises(ValueError, match="invalid job id"):
+        Controller(job="Bad.Job")
+
+
+def test_consumer_names_are_valid_ids_derived_from_job_and_name() -> None:
+    assert consumer_name("guard", ["llm-finetune"]) == "ctl-llm-finetune-guard"
+    several = consumer_name("guard", ["b", "a"])
+    assert several.startswith("ctl-guard-") and several == consumer_name("guard", ["a", "b"])
+    long = consumer_name("n" * 40, ["j" * 63])
+    assert len(long) <= 63 and long != consumer_name("n" * 41, ["j" * 63])
