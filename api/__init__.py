@@ -9,3 +9,8 @@ Layout, one job per module:
 The API never imports `provider_agents` or `tenant_controllers`; it reaches the broker only through the
 `broker_config.accounts.TenantBroker` port it is given.
 """
+
+# `harmonaize.negotiation` and `harmonaize.events` import each other; imported first, `harmonaize.negotiation` fails
+# (the events registry needs its enums while it is still half-initialised). Loading the events package first, once,
+# here, makes every `api` module safe to import on its own, in any order.
+import harmonaize.events  # noqa: E402,F401

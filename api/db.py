@@ -6,7 +6,11 @@ SQLite is configured for one process serving concurrent requests:
   failing at once with "database is locked";
 - foreign keys on (SQLite leaves them off by default, per connection);
 - a single pooled connection: measured (shared/NOTES.md) as the same throughput as a wider pool with p99 down from
-  ~1 s to ~65 ms, because requests queue for the one writer in the pool instead of fighting over SQLite's file lock.
+  ~1 s to ~65 ms, because requests queue for the one writer in the pool instead of fighting over SQLite's file lock;
+- real transactions: Python's sqlite3 driver opens a transaction only before INSERT/UPDATE/DELETE, so DDL (every
+  migration step) and the reads before a conditional write ran outside any transaction, and a failed multi-revision
+  downgrade left tables dropped. The driver's own handling is switched off and SQLAlchemy emits `BEGIN` itself
+  (the documented recipe), so a migration or a use case is all or nothing on SQLite too.
 
 PostgreSQL (`postgresql+asyncpg://...` in HZ_DATABASE_URL) gets an ordinary connection pool.
 """
@@ -47,6 +51,11 @@ def _install_sqlite_pragmas(engine: AsyncEngine, *, foreign_keys: bool) -> None:
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
         finally:
             cursor.close()
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
 
 
 def make_engine(url: str | URL, *, single_use: bool = False, foreign_keys: bool = True) -> AsyncEngine:

@@ -18,7 +18,13 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.schemas import ErrorDetail, ErrorPublic
-from api.services.errors import BrokerUnavailableError, ConflictError, NotFoundError, ServiceError
+from api.services.errors import (
+    BrokerUnavailableError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    ServiceError,
+)
 from harmonaize.ids import ID_PATTERN
 
 _log = logging.getLogger(__name__)
@@ -26,6 +32,7 @@ _log = logging.getLogger(__name__)
 _SERVICE_STATUS: list[tuple[type[ServiceError], int]] = [
     (NotFoundError, 404),
     (ConflictError, 409),
+    (InvalidRequestError, 422),
     (BrokerUnavailableError, 503),
 ]
 

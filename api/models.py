@@ -27,7 +27,9 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     text,
 )
@@ -36,6 +38,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.negotiation import Actor, NegotiationKind, NegotiationState, RoundAction
 
 ID_LENGTH = 63
 """Longest tenant, job or host id (see harmonaize.ids)."""
@@ -106,10 +109,25 @@ class Tenant(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
 
 
+def _enum(enum_class: type[enum.Enum], name: str, length: int) -> Enum:
+    """A string column limited to the enum's values by a CHECK (portable: no native PostgreSQL enum types)."""
+    return Enum(
+        enum_class,
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        length=length,
+        values_callable=lambda members: [member.value for member in members],
+    )
+
+
 class Job(Base):
     """A tenant's elastic training job and the ranges within which the provider may tune it.
 
     A NULL batch-size range means the provider may not change the batch size (it has no default to fall back on).
+    `desired_workers` is the agreed size (0: not placed); `allocated_gpus` is the job's running total in the capacity
+    ledger. The CHECKs tie them together (every allocation is whole workers) and cap the job at `max_workers`, so no
+    code path can grant a job more than the tenant allowed, even under concurrency.
     """
 
     __tablename__ = "jobs"
@@ -128,6 +146,10 @@ class Job(Base):
         CheckConstraint(
             "powersgd_max_rank IS NULL OR powersgd_max_rank >= 1", name="powersgd_max_rank_positive"
         ),
+        CheckConstraint(
+            "desired_workers >= 0 AND desired_workers <= max_workers", name="desired_workers_within_max"
+        ),
+        CheckConstraint("allocated_gpus = desired_workers * gpus_per_worker", name="allocated_whole_workers"),
     )
 
     tenant_id: Mapped[str] = mapped_column(
@@ -138,16 +160,7 @@ class Job(Base):
     min_workers: Mapped[int] = mapped_column(Integer)
     max_workers: Mapped[int] = mapped_column(Integer)
     gpus_per_worker: Mapped[int] = mapped_column(Integer)
-    parallel_plan: Mapped[ParallelPlan] = mapped_column(
-        Enum(
-            ParallelPlan,
-            name="parallel_plan",
-            native_enum=False,
-            create_constraint=True,
-            length=8,
-            values_callable=lambda plans: [plan.value for plan in plans],
-        )
-    )
+    parallel_plan: Mapped[ParallelPlan] = mapped_column(_enum(ParallelPlan, "parallel_plan", 8))
     checkpoint_interval_steps_min: Mapped[int] = mapped_column(Integer)
     checkpoint_interval_steps_max: Mapped[int] = mapped_column(Integer)
     compression_allowed: Mapped[list[str]] = mapped_column(JSON)
@@ -156,11 +169,17 @@ class Job(Base):
     batch_size_max: Mapped[int | None] = mapped_column(Integer, default=None)
     grad_accumulation_min: Mapped[int] = mapped_column(Integer)
     grad_accumulation_max: Mapped[int] = mapped_column(Integer)
+    desired_workers: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    allocated_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class Host(Base):
-    """A GPU host. `allocated_gpus` is the capacity ledger's running total, guarded by a CHECK constraint."""
+    """A GPU host. `allocated_gpus` is the capacity ledger's running total, guarded by a CHECK constraint.
+
+    `generation` counts the desired-state assignments written for the host (agents tell a new decision from a replay
+    by it); `assigned_at` is when the last one was computed, so reservations that start later can be announced once.
+    """
 
     __tablename__ = "hosts"
     __table_args__ = (
@@ -172,11 +191,17 @@ class Host(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     locality_group: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
     allocated_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    assigned_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class Allocation(Base):
-    """GPUs of one host granted to one job; `released_at` set once they are given back (rows are never deleted)."""
+    """GPUs of one host granted to one job; `released_at` set once they are given back (rows are never deleted).
+
+    `starts_at` (NULL: at once) is set for capacity reserved now for an agreed later start: the GPUs count against
+    the host from the moment of agreement, the workers appear in the host's desired state from `starts_at`.
+    """
 
     __tablename__ = "allocations"
     __table_args__ = (
@@ -195,5 +220,94 @@ class Allocation(Base):
     )
     gpus: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    starts_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
     released_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
 
+
+
+class Negotiation(Base):
+    """One negotiation about one job: its current state, latest terms and offer (the rounds keep the history).
+
+    `version` is bumped by every change; changes are conditional UPDATEs on (id, state, version), so two concurrent
+    answers to one offer cannot both win. `accepted_option` is an index into `offer["options"]`.
+    """
+
+    __tablename__ = "negotiations"
+    __table_args__ = (
+        CheckConstraint("round >= 1", name="round_positive"),
+        ForeignKeyConstraint(["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"),
+        Index("ix_negotiations_tenant_id_created_at_id", "tenant_id", "created_at", "id"),
+        Index("ix_negotiations_tenant_id_job_id", "tenant_id", "job_id"),
+        Index("ix_negotiations_state_expires_at", "state", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    kind: Mapped[NegotiationKind] = mapped_column(_enum(NegotiationKind, "negotiation_kind", 16))
+    state: Mapped[NegotiationState] = mapped_column(_enum(NegotiationState, "negotiation_state", 16))
+    round: Mapped[int] = mapped_column(Integer)
+    terms: Mapped[dict[str, object]] = mapped_column(JSON)
+    offer: Mapped[dict[str, object] | None] = mapped_column(JSON, default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    accepted_option: Mapped[int | None] = mapped_column(Integer, default=None)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class NegotiationRound(Base):
+    """One step of a negotiation, as it happened: who did what, when, with which terms or offer."""
+
+    __tablename__ = "negotiation_rounds"
+    __table_args__ = (PrimaryKeyConstraint("negotiation_id", "seq"),)
+
+    negotiation_id: Mapped[str] = mapped_column(String(36), ForeignKey("negotiations.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    round: Mapped[int] = mapped_column(Integer)
+    actor: Mapped[Actor] = mapped_column(_enum(Actor, "negotiation_actor", 16))
+    action: Mapped[RoundAction] = mapped_column(_enum(RoundAction, "negotiation_action", 16))
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
+    terms: Mapped[dict[str, object] | None] = mapped_column(JSON, default=None)
+    offer: Mapped[dict[str, object] | None] = mapped_column(JSON, default=None)
+    option: Mapped[int | None] = mapped_column(Integer, default=None)
+    note: Mapped[str | None] = mapped_column(String(500), default=None)
+
+
+class IdempotencyKey(Base):
+    """The first response to a tenant's idempotency key, replayed for every retry of the same request."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (PrimaryKeyConstraint("tenant_id", "key"),)
+
+    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("tenants.id", ondelete="RESTRICT"))
+    key: Mapped[str] = mapped_column(String(200))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    response_status: Mapped[int] = mapped_column(Integer)
+    response_body: Mapped[dict[str, object] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class OutboxTopic(enum.StrEnum):
+    TENANT_EVENT = "tenant_event"  # a CloudEvent for a tenant's stream (subject = NATS subject)
+    DESIRED_STATE = "desired_state"  # a HostAssignment for the desired-state KV bucket (subject = key)
+
+
+class OutboxMessage(Base):
+    """A message to publish, written in the transaction that decided it; the relay delivers it afterwards.
+
+    The integer id gives the delivery order. Rows are kept after delivery (`delivered_at`) as an audit trail.
+    """
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_delivered_at_id", "delivered_at", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    topic: Mapped[OutboxTopic] = mapped_column(_enum(OutboxTopic, "outbox_topic", 16))
+    subject: Mapped[str] = mapped_column(String(255))
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    msg_id: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    delivered_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(String(500), default=None)

@@ -155,10 +155,20 @@ class JobCreate(_Body):
     gradient_compression: GradientCompression = Field(default_factory=GradientCompression)
     batch_size: IntRange | None = Field(default=None, description="Absent: the provider may not change it.")
     gradient_accumulation: IntRange = Field(default_factory=lambda: IntRange(min=1, max=1))
+    initial_workers: int | None = Field(
+        default=None, ge=1, le=MAX_WORKERS, description="Place this many workers now (all or 409); absent: not placed."
+    )
 
     @model_validator(mode="after")
     def _workers_ordered(self) -> Self:
         check_ordered(self.min_workers, self.max_workers, low_field="min_workers", high_field="max_workers")
+        if self.initial_workers is not None and not self.min_workers <= self.initial_workers <= self.max_workers:
+            raise PydanticCustomError(
+                "initial_workers_range",
+                "initial_workers ({initial}) must lie in min_workers..max_workers ({low}..{high})",
+                {"field": "initial_workers", "initial": self.initial_workers, "low": self.min_workers,
+                 "high": self.max_workers},
+            )
         return self
 
 
@@ -169,6 +179,7 @@ class JobPublic(BaseModel):
     max_workers: int
     gpus_per_worker: int
     parallel_plan: ParallelPlan
+    desired_workers: int
     checkpoint_interval_steps: IntRange
     gradient_compression: GradientCompression
     batch_size: IntRange | None
@@ -185,6 +196,7 @@ class JobPublic(BaseModel):
             max_workers=job.max_workers,
             gpus_per_worker=job.gpus_per_worker,
             parallel_plan=job.parallel_plan,
+            desired_workers=job.desired_workers,
             checkpoint_interval_steps=IntRange(
                 min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max
             ),

@@ -27,5 +27,13 @@ class InsufficientCapacityError(ConflictError):
     """No host (in the requested scope) has the GPUs asked for; nothing was allocated."""
 
 
+class JobLimitError(ConflictError):
+    """The change would take a job outside its own range (above `max_workers`); nothing was allocated."""
+
+
+class InvalidRequestError(ServiceError):
+    """Well-formed, but meaningless for the object it names (e.g. an option index the offer does not have)."""
+
+
 class BrokerUnavailableError(ServiceError):
     """The broker did not accept the tenant registry; the database change was rolled back."""

@@ -2,9 +2,13 @@
 
 A job id is unique only within its tenant, so looking up another tenant's job id finds nothing (NotFoundError), and
 creating a job with an id some other tenant already uses succeeds: neither reveals that the other job exists.
+
+A job created with `initial_workers` is placed in the same transaction: all of its workers or none, and no job.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -12,11 +16,21 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Job, utcnow
 from api.schemas import JobCreate
-from api.services.errors import ConflictError, NotFoundError
+from api.services.errors import ConflictError, InsufficientCapacityError, NotFoundError
+from api.services.host_assignments import write_host_assignments
+from api.services.ledger import change_job_workers, place_workers
+from api.services.ledger_lock import lock_ledger
 
 
-async def create_job(session: AsyncSession, *, tenant_id: str, spec: JobCreate) -> Job:
-    """Store a tenant's job; ConflictError if this tenant already has a job with that id."""
+async def create_job(
+    session: AsyncSession, *, tenant_id: str, spec: JobCreate, now: datetime | None = None
+) -> Job:
+    """Store a tenant's job, placing `spec.initial_workers` workers if given, and commit.
+
+    ConflictError if this tenant already has a job with that id; InsufficientCapacityError (nothing stored) when the
+    initial workers do not all fit.
+    """
+    now = now or utcnow()
     if await session.get(Job, (tenant_id, spec.id)) is not None:
         raise ConflictError(f"job {spec.id!r} already exists")
     job = Job(
@@ -35,15 +49,37 @@ async def create_job(session: AsyncSession, *, tenant_id: str, spec: JobCreate) 
         batch_size_max=spec.batch_size.max if spec.batch_size else None,
         grad_accumulation_min=spec.gradient_accumulation.min,
         grad_accumulation_max=spec.gradient_accumulation.max,
-        created_at=utcnow(),
+        desired_workers=0,
+        allocated_gpus=0,
+        created_at=now,
     )
     session.add(job)
     try:
+        await session.flush()
+        if spec.initial_workers:
+            await _place_initial_workers(session, job, spec.initial_workers, now=now)
         await session.commit()
     except IntegrityError as exc:
         await session.rollback()
         raise ConflictError(f"job {spec.id!r} already exists") from exc
+    except BaseException:
+        await session.rollback()
+        raise
     return job
+
+
+async def _place_initial_workers(session: AsyncSession, job: Job, workers: int, *, now: datetime) -> None:
+    await lock_ledger(session)
+    await change_job_workers(session, job, workers, expected_workers=0)
+    try:
+        placed = await place_workers(session, job, workers, now=now)
+    except InsufficientCapacityError as exc:
+        raise InsufficientCapacityError(
+            f"cannot place the {workers} initial workers: {exc.reason}; the job was not created"
+        ) from exc
+    await write_host_assignments(session, {placement.allocation.host_id for placement in placed}, now=now)
+    job.desired_workers = workers
+    job.allocated_gpus = workers * job.gpus_per_worker
 
 
 async def get_job(session: AsyncSession, *, tenant_id: str, job_id: str) -> Job:

@@ -1,31 +1,45 @@
-"""The capacity ledger: GPUs of a host granted to jobs, never more than the host has.
+"""The capacity ledger: GPUs of a host granted to jobs, never more than the host has, never more than the job may use.
 
 The guarantee comes from the database, not from a read-then-write in Python. Granting n GPUs is one conditional
-statement,
+statement per counter,
 
     UPDATE hosts SET allocated_gpus = allocated_gpus + :n WHERE id = :host AND allocated_gpus + :n <= gpus
+    UPDATE jobs SET desired_workers = desired_workers + :w, allocated_gpus = allocated_gpus + :n
+        WHERE <job> AND desired_workers + :w <= max_workers
 
 and the rowcount says whether it happened. It is correct on PostgreSQL (the row lock makes a concurrent update
-re-check the condition against the committed value) and on SQLite (which ignores SELECT ... FOR UPDATE but has one
-writer at a time), and the CHECK constraint `allocated_gpus <= gpus` refuses anything that slips past it. The
-allocation row is inserted in the same transaction, so the ledger rows and the hosts' totals move together.
+re-check the condition against the committed value) and on SQLite (one writer at a time), and CHECK constraints
+refuse anything that slips past it. Allocation rows are inserted in the same transaction, so rows and totals move
+together. Allocations are whole workers: `gpus_per_worker` GPUs on ONE host each (a worker cannot span hosts).
 
-Placing by locality group reads candidate hosts (best fit first, to keep large holes for large jobs) and tries the
-conditional update on each; losing a race on one host only moves on to the next, and a few re-reads pick up space
-freed meanwhile. A snapshot that says "room" is only ever a hint.
+Placing reads candidate hosts and tries the conditional update on each; losing a race on one host only moves on to the
+next, and a few re-reads pick up space freed meanwhile. A snapshot that says "room" is only ever a hint.
+
+Two layers: `place_workers` / `release_workers` / `change_job_workers` work inside the caller's transaction (a
+negotiation's acceptance, a job's creation), and `allocate` / `release` are the admin's one-shot use cases that
+commit. Every change queues the new desired state of the hosts it touched (`host_assignments`).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
 from api.models import Allocation, Host, Job, utcnow
-from api.services.errors import ConflictError, InsufficientCapacityError, NotFoundError
+from api.services.errors import (
+    ConflictError,
+    InsufficientCapacityError,
+    InvalidRequestError,
+    JobLimitError,
+    NotFoundError,
+)
+from api.services.host_assignments import write_host_assignments
+from api.services.ledger_lock import lock_ledger
 
 PLACEMENT_ROUNDS = 3
 """Re-reads of the candidate hosts before giving up: each round only starts if the previous one lost every race."""
@@ -47,6 +61,169 @@ async def _try_reserve(session: AsyncSession, host_id: str, gpus: int) -> bool:
         .execution_options(synchronize_session=False)
     )
     return result.rowcount == 1
+
+
+async def _return_to_host(session: AsyncSession, host_id: str, gpus: int) -> None:
+    returned = await session.execute(
+        update(Host)
+        .where(Host.id == host_id, Host.allocated_gpus >= gpus)
+        .values(allocated_gpus=Host.allocated_gpus - gpus)
+        .execution_options(synchronize_session=False)
+    )
+    if returned.rowcount != 1:
+        raise RuntimeError(f"ledger inconsistent: host {host_id!r} has fewer than {gpus} GPUs allocated")
+
+
+async def change_job_workers(
+    session: AsyncSession, job: Job, workers: int, *, expected_workers: int | None = None
+) -> None:
+    """Move the job's counters by `workers` (negative: fewer), within 0..max_workers, or raise JobLimitError.
+
+    `expected_workers` makes the update conditional on the size the caller read (a negotiated target is absolute:
+    if the job changed meanwhile, the delta computed from the old size would be wrong).
+    """
+    conditions = [
+        Job.tenant_id == job.tenant_id,
+        Job.id == job.id,
+        Job.desired_workers + workers <= Job.max_workers,
+        Job.desired_workers + workers >= 0,
+    ]
+    if expected_workers is not None:
+        conditions.append(Job.desired_workers == expected_workers)
+    result = await session.execute(
+        update(Job)
+        .where(*conditions)
+        .values(
+            desired_workers=Job.desired_workers + workers,
+            allocated_gpus=Job.allocated_gpus + workers * Job.gpus_per_worker,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        if expected_workers is not None:
+            current = await session.scalar(
+                select(Job.desired_workers).where(Job.tenant_id == job.tenant_id, Job.id == job.id)
+            )
+            if current != expected_workers:
+                raise ConflictError(f"job {job.id!r} changed meanwhile (now {current} workers): ask again")
+        raise JobLimitError(f"job {job.id!r} may have at most {job.max_workers} workers")
+
+
+async def _host_preference(session: AsyncSession, job: Job) -> list[tuple[str, str, int]]:
+    """(host, group, free GPUs) of hosts with room for a worker, best first: hosts the job already uses, then its
+    locality groups, then the group with most room (so new workers stay together), then the roomiest host."""
+    used = await session.execute(
+        select(Allocation.host_id, Host.locality_group, func.sum(Allocation.gpus))
+        .join(Host, Host.id == Allocation.host_id)
+        .where(Allocation.tenant_id == job.tenant_id, Allocation.job_id == job.id, Allocation.released_at.is_(None))
+        .group_by(Allocation.host_id, Host.locality_group)
+    )
+    used_hosts: dict[str, int] = {}
+    used_groups: dict[str, int] = {}
+    for host_id, group, gpus in used:
+        used_hosts[host_id] = int(gpus)
+        used_groups[group] = used_groups.get(group, 0) + int(gpus)
+    free = Host.gpus - Host.allocated_gpus
+    rows = (await session.execute(select(Host.id, Host.locality_group, free).where(free >= job.gpus_per_worker))).all()
+    group_room: dict[str, int] = {}
+    for _, group, host_free in rows:
+        group_room[group] = group_room.get(group, 0) + int(host_free) // job.gpus_per_worker
+    ranked = sorted(
+        rows,
+        key=lambda row: (
+            -used_hosts.get(row[0], 0),
+            -used_groups.get(row[1], 0),
+            -group_room[row[1]],
+            row[1],
+            -int(row[2]),
+            row[0],
+        ),
+    )
+    return [(host_id, group, int(host_free)) for host_id, group, host_free in ranked]
+
+
+async def place_workers(
+    session: AsyncSession, job: Job, count: int, *, now: datetime, starts_at: datetime | None = None
+) -> list[Placement]:
+    """Reserve `count` more workers for `job`, one allocation row per worker, inside the caller's transaction.
+
+    The job's own counters are not touched (see `change_job_workers`). Raises InsufficientCapacityError when not all
+    fit; the caller must then roll back, which undoes the workers placed so far.
+    """
+    placed: list[Placement] = []
+    per_worker = job.gpus_per_worker
+    for _ in range(PLACEMENT_ROUNDS):
+        for host_id, group, _free in await _host_preference(session, job):
+            while len(placed) < count and await _try_reserve(session, host_id, per_worker):
+                allocation = Allocation(
+                    id=uuid.uuid4().hex,
+                    tenant_id=job.tenant_id,
+                    job_id=job.id,
+                    host_id=host_id,
+                    gpus=per_worker,
+                    created_at=now,
+                    starts_at=starts_at,
+                )
+                session.add(allocation)
+                placed.append(Placement(allocation=allocation, locality_group=group))
+            if len(placed) == count:
+                await session.flush()
+                return placed
+    raise InsufficientCapacityError(
+        f"not enough free capacity: room for {len(placed)} of the {count} more workers "
+        f"({per_worker} GPU(s) each, on one host)"
+    )
+
+
+async def release_workers(session: AsyncSession, job: Job, count: int, *, now: datetime) -> set[str]:
+    """Release the job's `count` most recent workers inside the caller's transaction; returns the hosts touched.
+
+    A row holding several workers (an admin allocation) is released whole and its remainder re-inserted on the same
+    host, so rows stay an exact record of what was granted when.
+    """
+    rows = await session.scalars(
+        select(Allocation)
+        .where(Allocation.tenant_id == job.tenant_id, Allocation.job_id == job.id, Allocation.released_at.is_(None))
+        .order_by(Allocation.created_at.desc(), Allocation.id.desc())
+    )
+    remaining = count * job.gpus_per_worker
+    hosts: set[str] = set()
+    for allocation in rows:
+        if remaining <= 0:
+            break
+        take = min(allocation.gpus, remaining)
+        await _mark_released(session, allocation, now=now)
+        await _return_to_host(session, allocation.host_id, take)
+        if take < allocation.gpus:
+            session.add(
+                Allocation(
+                    id=uuid.uuid4().hex,
+                    tenant_id=job.tenant_id,
+                    job_id=job.id,
+                    host_id=allocation.host_id,
+                    gpus=allocation.gpus - take,
+                    created_at=now,
+                    starts_at=allocation.starts_at,
+                )
+            )
+        remaining -= take
+        hosts.add(allocation.host_id)
+    if remaining > 0:
+        raise RuntimeError(f"ledger inconsistent: job {job.id!r} holds fewer workers than its desired_workers")
+    await session.flush()
+    return hosts
+
+
+async def _mark_released(session: AsyncSession, allocation: Allocation, *, now: datetime) -> None:
+    marked = await session.execute(
+        update(Allocation)
+        .where(Allocation.id == allocation.id, Allocation.released_at.is_(None))
+        .values(released_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if marked.rowcount != 1:
+        raise ConflictError(f"allocation {allocation.id!r} is already released")
+    set_committed_value(allocation, "released_at", now)
 
 
 def _candidates(gpus: int, *, host_id: str | None, locality_group: str | None) -> Select[tuple[str, str]]:
@@ -76,71 +253,73 @@ async def allocate(
     gpus: int,
     host_id: str | None = None,
     locality_group: str | None = None,
+    now: datetime | None = None,
 ) -> Placement:
-    """Grant `gpus` GPUs of one host to a job and commit, or raise without changing anything.
+    """Grant `gpus` GPUs of one host to a job (whole workers) and commit, or raise without changing anything.
 
     Scope: `host_id` (that host), `locality_group` (any host in it) or neither (any host). Raises NotFoundError for
-    an unknown job, host or group, InsufficientCapacityError when no host in scope has room. Safe to call from any
-    number of concurrent sessions.
+    an unknown job, host or group, InvalidRequestError unless `gpus` is a multiple of the job's `gpus_per_worker`,
+    JobLimitError beyond the job's `max_workers`, InsufficientCapacityError when no host in scope has room. Safe to
+    call from any number of concurrent sessions.
     """
-    if await session.get(Job, (tenant_id, job_id)) is None:
+    now = now or utcnow()
+    job = await session.get(Job, (tenant_id, job_id))
+    if job is None:
         raise NotFoundError(f"no job {job_id!r} for tenant {tenant_id!r}")
+    if gpus % job.gpus_per_worker:
+        raise InvalidRequestError(
+            f"job {job_id!r} runs {job.gpus_per_worker} GPU(s) per worker: allocate a multiple of that, not {gpus}"
+        )
     await _check_scope(session, host_id=host_id, locality_group=locality_group)
-    query = _candidates(gpus, host_id=host_id, locality_group=locality_group)
-    for _ in range(PLACEMENT_ROUNDS):
-        candidates = (await session.execute(query)).all()
-        if not candidates:
-            break
-        for candidate_id, group in candidates:
-            if await _try_reserve(session, candidate_id, gpus):
-                allocation = Allocation(
-                    id=uuid.uuid4().hex,
-                    tenant_id=tenant_id,
-                    job_id=job_id,
-                    host_id=candidate_id,
-                    gpus=gpus,
-                    created_at=utcnow(),
-                )
-                session.add(allocation)
-                await session.commit()
-                return Placement(allocation=allocation, locality_group=group)
+    await lock_ledger(session)
+    try:
+        await change_job_workers(session, job, gpus // job.gpus_per_worker)
+        query = _candidates(gpus, host_id=host_id, locality_group=locality_group)
+        for _ in range(PLACEMENT_ROUNDS):
+            candidates = (await session.execute(query)).all()
+            if not candidates:
+                break
+            for candidate_id, group in candidates:
+                if await _try_reserve(session, candidate_id, gpus):
+                    allocation = Allocation(
+                        id=uuid.uuid4().hex, tenant_id=tenant_id, job_id=job_id, host_id=candidate_id, gpus=gpus,
+                        created_at=now,
+                    )
+                    session.add(allocation)
+                    await session.flush()
+                    await write_host_assignments(session, [candidate_id], now=now)
+                    await session.commit()
+                    return Placement(allocation=allocation, locality_group=group)
+    except BaseException:
+        await session.rollback()
+        raise
     await session.rollback()
     scope = f"host {host_id!r}" if host_id else f"locality group {locality_group!r}" if locality_group else "any host"
     raise InsufficientCapacityError(f"not enough free GPUs for {gpus} on {scope}")
 
 
-async def release(session: AsyncSession, allocation_id: str) -> Placement:
-    """Give an allocation's GPUs back to its host and commit; ConflictError if it was already released.
+async def release(session: AsyncSession, allocation_id: str, *, now: datetime | None = None) -> Placement:
+    """Give an allocation's GPUs back to its host and job, and commit; ConflictError if it was already released.
 
     The allocation is marked released by a conditional update too, so two concurrent releases cannot both return
     the GPUs to the host.
     """
+    now = now or utcnow()
     allocation = await session.get(Allocation, allocation_id)
     if allocation is None:
         raise NotFoundError(f"no allocation {allocation_id!r}")
-    released_at = utcnow()
-    marked = await session.execute(
-        update(Allocation)
-        .where(Allocation.id == allocation_id, Allocation.released_at.is_(None))
-        .values(released_at=released_at)
-        .execution_options(synchronize_session=False)
-    )
-    if marked.rowcount != 1:
+    await lock_ledger(session)
+    try:
+        await _mark_released(session, allocation, now=now)
+        await _return_to_host(session, allocation.host_id, allocation.gpus)
+        job = await session.get(Job, (allocation.tenant_id, allocation.job_id))
+        assert job is not None, "allocations reference their job by a foreign key"
+        await change_job_workers(session, job, -(allocation.gpus // job.gpus_per_worker))
+        await write_host_assignments(session, [allocation.host_id], now=now)
+        await session.commit()
+    except BaseException:
         await session.rollback()
-        raise ConflictError(f"allocation {allocation_id!r} is already released")
-    returned = await session.execute(
-        update(Host)
-        .where(Host.id == allocation.host_id, Host.allocated_gpus >= allocation.gpus)
-        .values(allocated_gpus=Host.allocated_gpus - allocation.gpus)
-        .execution_options(synchronize_session=False)
-    )
-    if returned.rowcount != 1:
-        await session.rollback()
-        raise RuntimeError(
-            f"ledger inconsistent: host {allocation.host_id!r} has fewer GPUs allocated than {allocation_id!r}"
-        )
-    await session.commit()
-    set_committed_value(allocation, "released_at", released_at)
+        raise
     group = await session.scalar(select(Host.locality_group).where(Host.id == allocation.host_id))
     return Placement(allocation=allocation, locality_group=group or "")
 

@@ -1,0 +1,53 @@
+"""The transactional outbox: messages are written in the same transaction as the decision they announce.
+
+Publishing to NATS inside a database transaction would either publish decisions that then roll back, or commit
+decisions whose announcement is lost when the process dies before publishing. Instead a use case adds outbox rows
+next to its other writes; they commit or vanish together, and `outbox_relay` delivers committed rows afterwards
+(at least once: consumers dedup by the message id, and JetStream itself drops retries with the same `Nats-Msg-Id`).
+
+Two topics: `tenant_event` (a CloudEvent for the tenant's stream, msg id = the CloudEvent id) and `desired_state`
+(a host's full `HostAssignment` for the desired-state KV bucket, keyed by `host_key`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.models import OutboxMessage, OutboxTopic
+from harmonaize.desired_state import HostAssignment, host_key
+from harmonaize.events import CONTROL_PLANE_SOURCE, EventData, make_event
+from harmonaize.subjects import tenant_event_subject
+from harmonaize.timeids import uuid7
+
+
+def enqueue_tenant_event(
+    session: AsyncSession, *, tenant_id: str, job_id: str, data: EventData, now: datetime
+) -> OutboxMessage:
+    """Queue `data` as a CloudEvent about `job_id` on the tenant's own subject for its kind."""
+    event = make_event(data, source=CONTROL_PLANE_SOURCE, subject=job_id, time=now)
+    message = OutboxMessage(
+        topic=OutboxTopic.TENANT_EVENT,
+        subject=tenant_event_subject(tenant_id, data.KIND, job_id),
+        payload=event.to_json_bytes(),
+        msg_id=event.id,
+        created_at=now,
+        attempts=0,
+    )
+    session.add(message)
+    return message
+
+
+def enqueue_desired_state(session: AsyncSession, assignment: HostAssignment, *, now: datetime) -> OutboxMessage:
+    """Queue a host's complete assignment (level-triggered: the agent converges to it, whatever it saw before)."""
+    message = OutboxMessage(
+        topic=OutboxTopic.DESIRED_STATE,
+        subject=host_key(assignment.host),
+        payload=assignment.model_dump_json().encode(),
+        msg_id=uuid7(),
+        created_at=now,
+        attempts=0,
+    )
+    session.add(message)
+    return message
