@@ -10,7 +10,9 @@ Structure (kopf's reactor, reduced to what a tenant controller needs):
   lane: resync reads current state, so two in a row are one);
 * for each event: skip handlers already recorded as finished for this CloudEvent id (de-duplication across
   redeliveries and restarts), run the others with their retry policy, record each outcome, then ack. While a
-  handler runs, the delivery's ack deadline is extended, so a slow or retrying handler is not redelivered meanwhile.
+  event is held (queued in its lane or being handled), its ack deadline is extended, so a slow or retrying handler
+  does not get its event, or the events queued behind it, redelivered meanwhile. At most `max_in_flight` events are
+  held at once: prefetching more than the lanes can handle only ties events to a process that might die.
 
 Stopping (`stop` set): the pull loop ends, handlers that are running finish their current attempt (up to
 `drain_timeout`), and every event not finished is handed back to the broker (nak) for the next run.
@@ -84,11 +86,11 @@ class ControllerRuntime:
         api: ProviderApi,
         store: HandledStore,
         resync_interval: float | None = 60.0,
-        batch: int = 64,
+        batch: int = 16,
         fetch_timeout: float = 1.0,
         heartbeat_interval: float = 5.0,
         drain_timeout: float = 30.0,
-        max_in_flight: int = 256,
+        max_in_flight: int = 64,
     ) -> None:
         self.controller = controller
         self.source = source
@@ -108,6 +110,7 @@ class ControllerRuntime:
         self._latest: dict[tuple[str, str], EventData] = {}
         self._lanes: dict[str, _Lane] = {}
         self._in_flight = 0
+        self._held: set[Delivery] = set()
         self._capacity = asyncio.Condition()
         self._stop = asyncio.Event()
 
@@ -128,6 +131,7 @@ class ControllerRuntime:
         for lane in self._lanes.values():
             lane.task = asyncio.create_task(self._run_lane(lane), name=f"hz-lane-{lane.job.id}")
         ticker = asyncio.create_task(self._resync_ticker(), name="hz-resync") if self._resyncs_enabled else None
+        heartbeat = asyncio.create_task(self._keep_alive(), name="hz-heartbeat")
         self.ready.set()
         self._log.info(
             "controller %s running: jobs %s, kinds %s, consumer %s",
@@ -142,6 +146,8 @@ class ControllerRuntime:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
             await self._drain()
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
             await self.source.close()
             self._log.info("controller %s stopped (%s)", self.controller.name, self.stats)
 
@@ -215,6 +221,7 @@ class ControllerRuntime:
             await delivery.ack()
             return
         self._in_flight += 1
+        self._held.add(delivery)
         lane.queue.put_nowait(_EventItem(envelope, delivery))
 
     # -- lanes -------------------------------------------------------------------------------------------------------
@@ -237,6 +244,7 @@ class ControllerRuntime:
                     await self._guarded(self._handle(item, lane.job), what=f"event {item.envelope.id}",
                                         delivery=item.delivery)
             finally:
+                self._held.discard(item.delivery)
                 await self._release()
 
     async def _guarded(self, work: Any, *, what: str, delivery: Delivery | None = None) -> None:
@@ -265,19 +273,14 @@ class ControllerRuntime:
             await delivery.ack()
             return
         newest = self._observe(envelope)
-        heartbeat = asyncio.create_task(self._keep_alive(delivery))
-        try:
-            for handler in pending:
-                if not handler.matches(envelope.data):
-                    continue
-                if handler.latest_only and not newest:
-                    self.stats.stale += 1
-                    self.store.record(name, envelope.id, handler.id, status=Status.STALE)
-                    continue
-                await self._run_event_handler(handler, envelope, job)
-        finally:
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+        for handler in pending:
+            if not handler.matches(envelope.data):
+                continue
+            if handler.latest_only and not newest:
+                self.stats.stale += 1
+                self.store.record(name, envelope.id, handler.id, status=Status.STALE)
+                continue
+            await self._run_event_handler(handler, envelope, job)
         await delivery.ack()
 
     async def _run_event_handler(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job) -> None:
@@ -306,14 +309,16 @@ class ControllerRuntime:
             )
             return await call_handler(handler.fn, args, kwargs)
 
-    async def _keep_alive(self, delivery: Delivery) -> None:
+    async def _keep_alive(self) -> None:
+        """Extend the ack deadline of every delivery we hold (queued or being handled) well within the ack wait."""
         interval = self.heartbeat_interval
         ack_wait = getattr(self.source, "ack_wait", None)
         if ack_wait:
             interval = min(interval, ack_wait / 3)
         while True:
             await asyncio.sleep(interval)
-            await delivery.in_progress()
+            for delivery in list(self._held):
+                await delivery.in_progress()
 
     # -- resync ------------------------------------------------------------------------------------------------------
 

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from broker_config.provisioner import NatsTenantBroker
+from broker_config.server import NatsServer
 from tests.controllers.fake_provider import FakeProvider
+from tests.controllers.live_cloud import LiveCloud, live_cloud
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.memory import MemoryBroker
 from tenant_controllers.store import HandledStore
@@ -67,3 +70,14 @@ def bus() -> MemoryBroker:
 def store(tmp_path: Path) -> Iterator[HandledStore]:
     with HandledStore(tmp_path / "state" / "handled.sqlite3") as handled:
         yield handled
+
+
+@pytest.fixture
+async def cloud(
+    tmp_path: Path, nats_server: NatsServer, tenant_broker: NatsTenantBroker, provider_secret: bytes
+) -> AsyncIterator[LiveCloud]:
+    """Real broker + real API (uvicorn on a free port) + tenant acme; see live_cloud.py."""
+    async with live_cloud(
+        tmp_path / "hz", nats_server=nats_server, tenant_broker=tenant_broker, provider_secret=provider_secret
+    ) as world:
+        yield world
