@@ -1,0 +1,126 @@
+"""Commands `agent` and `fleet-monitor` (a typer app; `harmonaize` registers it, and `python -m provider_agents.cli`
+runs it directly).
+
+Configuration follows the rest of the project: the provider secret and the broker URL come from `Settings`
+(`HZ_PROVIDER_SECRET`, `HZ_NATS_URL`), options override what makes sense per process. Bad input is one line on stderr
+naming the problem and exit code 2; a failure at run time exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+from pydantic import ValidationError
+
+from harmonaize.ids import InvalidIdError, validate_id
+from harmonaize.settings import Settings
+from provider_agents.changes import DEFAULT_CARBON_EVERY
+from provider_agents.telemetry.detect import SourceKind, SourceUnavailableError
+from provider_agents.telemetry.model import REGION_PATTERN
+from provider_agents.telemetry.scenario import ScenarioError
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Provider host agents and the fleet monitor.", no_args_is_help=True)
+
+
+def _fail(message: str, *, code: int = 1) -> NoReturn:
+    typer.echo(f"harmonaize: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings(nats_url: str | None) -> Settings:
+    try:
+        settings = Settings()
+        return settings.model_copy(update={"nats_url": nats_url}) if nats_url else settings
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "settings"
+        _fail(f"bad configuration: HZ_{field.upper()}: {first['msg']}", code=2)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _id(kind: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return validate_id(kind, value)
+    except InvalidIdError as exc:
+        _fail(str(exc), code=2)
+
+
+def _region(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(REGION_PATTERN, value):
+        _fail(f"invalid region {value!r}: expected a public grid zone key such as US-CAL-CISO or DE", code=2)
+    return value
+
+
+@app.command()
+def agent(
+    host_id: Annotated[str, typer.Option("--host-id", help="This host's provider-internal id.")],
+    locality_group: Annotated[
+        Optional[str], typer.Option(help="Locality group (default: the scenario's, else 'default').")
+    ] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="Simulated GPUs (default: the scenario's, else 8).", min=0, max=64)] = None,
+    region: Annotated[Optional[str], typer.Option(help="Grid zone for carbon (default US-CAL-CISO).")] = None,
+    scenario: Annotated[Optional[Path], typer.Option(help="Scenario YAML for the simulated host.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Simulator seed (default: the scenario's, else 0).")] = None,
+    source: Annotated[SourceKind, typer.Option(help="Telemetry source.")] = SourceKind.AUTO,
+    tick: Annotated[float, typer.Option(help="Seconds between telemetry samples.", min=0.01)] = 1.0,
+    carbon_every: Annotated[int, typer.Option(help="Re-send carbon every N ticks even unchanged.", min=1)] = DEFAULT_CARBON_EVERY,
+    nats_url: Annotated[Optional[str], typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run the host agent: publish this host's per-tenant events, raw telemetry and heartbeats."""
+    from provider_agents.runtime import AgentOptions, SettingsError, run_agent
+
+    _logging(log_level)
+    options = AgentOptions(
+        host=_id("host", host_id) or host_id,
+        locality_group=_id("locality group", locality_group),
+        gpus=gpus,
+        region=_region(region),
+        scenario=scenario,
+        seed=seed,
+        source=source,
+        tick_s=tick,
+        carbon_every=carbon_every,
+    )
+    try:
+        asyncio.run(run_agent(_settings(nats_url), options))
+    except (SettingsError, ScenarioError, SourceUnavailableError) as exc:
+        _fail(str(exc), code=2)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("fleet-monitor")
+def fleet_monitor(
+    nats_url: Annotated[Optional[str], typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
+    check_interval: Annotated[
+        Optional[float], typer.Option(help="Seconds between liveness checks (default: a quarter heartbeat).", min=0.01)
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run the fleet monitor: report hosts that miss heartbeats to the tenants placed on them."""
+    from provider_agents.runtime import MonitorOptions, SettingsError, run_fleet_monitor
+
+    _logging(log_level)
+    try:
+        asyncio.run(run_fleet_monitor(_settings(nats_url), MonitorOptions(check_interval_s=check_interval)))
+    except SettingsError as exc:
+        _fail(str(exc), code=2)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    app()

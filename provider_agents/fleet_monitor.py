@@ -1,0 +1,159 @@
+"""The fleet monitor: turns missing heartbeats into `host_down` failure events for the tenants on that host.
+
+A host that dies cannot report its own death, and without this a tenant's job learns of it only through a
+rendezvous or collective timeout (tens of seconds to hours). The monitor listens to every agent's heartbeat
+(`hz.p.agents.<host>.heartbeat`, provider-internal) and mirrors the desired state; when a host has been silent for
+`MISSED_HEARTBEATS_FOR_FAILURE` heartbeat intervals it publishes a `Failure(kind=host_down)` to every tenant job the
+desired state places there, under that tenant's pseudonym for the host (`projection.host_down`), through the same
+acknowledged publisher the agents use.
+
+Once per outage: the monitor remembers which tenant jobs it told about the current outage, so it does not repeat
+itself every check, but a job placed on the dead host later is still told (level-triggered on the desired state).
+When heartbeats resume the outage is over and the memory is cleared; the contract has no "recovered" event, so the
+recovery is only logged (a returning host shows up to tenants through the control plane placing work on it again).
+
+Liveness is measured on the monitor's monotonic clock at receipt, not from the timestamps agents write, so clock
+skew between hosts cannot fake or hide an outage. A host the desired state lists but that has never sent a heartbeat
+is given the same grace period from the moment the monitor first sees it, then reported: that covers a host that
+died while the monitor itself was restarting (a restarted monitor may repeat an outage report, a state re-assertion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from pydantic import ValidationError
+
+from harmonaize.desired_state import HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS_FOR_FAILURE, Heartbeat
+from harmonaize.subjects import ANY, provider_filter
+from provider_agents.clock import Clock, SystemClock
+from provider_agents.desired import DesiredState
+from provider_agents.projection import TenantEvent, host_down
+from provider_agents.publisher import EventSink
+
+__all__ = ["HEARTBEAT_FILTER", "FleetMonitor"]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_FILTER = provider_filter("agents", ANY, "heartbeat")
+
+
+@dataclass
+class _HostLiveness:
+    last_seen: float
+    down: bool = False
+    outages: int = 0
+    told: set[tuple[str, str]] = field(default_factory=set)
+
+
+class FleetMonitor:
+    """Watches heartbeats; reports hosts that stop sending them to the tenants placed there."""
+
+    def __init__(
+        self,
+        *,
+        desired: DesiredState,
+        sink: EventSink,
+        secret: bytes,
+        clock: Clock | None = None,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+        missed_heartbeats: int = MISSED_HEARTBEATS_FOR_FAILURE,
+        check_interval_s: float | None = None,
+    ) -> None:
+        if not secret:
+            raise ValueError("the fleet monitor needs the provider secret (HZ_PROVIDER_SECRET) to make pseudonyms")
+        self._desired = desired
+        self._sink = sink
+        self._secret = secret
+        self._clock: Clock = clock or SystemClock()
+        self.silence_limit_s = heartbeat_interval_s * missed_heartbeats
+        self.check_interval_s = check_interval_s if check_interval_s is not None else heartbeat_interval_s / 4
+        self._hosts: dict[str, _HostLiveness] = {}
+        self._stop = asyncio.Event()
+        self.checks = 0
+        self.heartbeats = 0
+
+    def is_down(self, host: str) -> bool:
+        state = self._hosts.get(host)
+        return state is not None and state.down
+
+    def is_up(self, host: str) -> bool:
+        state = self._hosts.get(host)
+        return state is not None and not state.down
+
+    def outages(self, host: str) -> int:
+        state = self._hosts.get(host)
+        return 0 if state is None else state.outages
+
+    def observe_heartbeat(self, beat: Heartbeat) -> None:
+        """Record a heartbeat as received now."""
+        self.heartbeats += 1
+        now = self._clock.monotonic()
+        state = self._hosts.get(beat.host)
+        if state is None:
+            self._hosts[beat.host] = _HostLiveness(last_seen=now)
+            return
+        state.last_seen = now
+        if state.down:
+            log.info("host %s is back after outage %d", beat.host, state.outages)
+            state.down = False
+            state.told.clear()
+
+    async def check(self) -> tuple[TenantEvent, ...]:
+        """One evaluation: declare silent hosts down and tell the tenant jobs on them that were not told yet."""
+        self.checks += 1
+        fleet = self._desired.snapshot()
+        if fleet is None:
+            return ()
+        now = self._clock.monotonic()
+        for host in fleet:
+            self._hosts.setdefault(host, _HostLiveness(last_seen=now))
+        published: list[TenantEvent] = []
+        for host, state in self._hosts.items():
+            if now - state.last_seen <= self.silence_limit_s:
+                continue
+            if not state.down:
+                state.down = True
+                state.outages += 1
+                log.warning("host %s missed its heartbeats for %.1f s: down", host, now - state.last_seen)
+            assignment = fleet.get(host)
+            if assignment is None:
+                continue
+            for item in host_down(assignment, self._secret, detected_at=self._clock.now()):
+                if (item.tenant, item.job) in state.told:
+                    continue
+                await self._sink.submit(item.subject, item.event)
+                state.told.add((item.tenant, item.job))
+                published.append(item)
+        return tuple(published)
+
+    async def run(self, nc: Client) -> None:
+        """Listen to heartbeats and check every `check_interval_s` until `stop()`."""
+        subscription = await nc.subscribe(HEARTBEAT_FILTER, cb=self._on_heartbeat)
+        try:
+            while not self._stop.is_set():
+                await self.check()
+                try:
+                    await asyncio.wait_for(self._stop.wait(), self.check_interval_s)
+                except TimeoutError:
+                    pass
+        finally:
+            await subscription.unsubscribe()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            beat = Heartbeat.model_validate_json(msg.data)
+        except ValidationError:
+            log.warning("ignoring a malformed heartbeat on %s", msg.subject)
+            return
+        if msg.subject.split(".")[3:4] != [beat.host]:
+            log.warning("ignoring a heartbeat for %s sent on %s", beat.host, msg.subject)
+            return
+        self.observe_heartbeat(beat)
