@@ -1,0 +1,81 @@
+"""Fast tier: the three example controllers, loaded from their files as the runner loads them, make the negotiations
+they promise (in-memory bus, fake REST API). The real tier runs them against the real API: test_examples_real.py.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import tenant_controllers.examples
+from harmonaize.events import CongestionLevel, CongestionScope, FailureKind
+from harmonaize.negotiation import NegotiationKind, NegotiationState
+from tenant_controllers.api_client import ProviderApi
+from tenant_controllers.memory import MemoryBroker, MemoryEventSource
+from tenant_controllers.runner import load_controllers
+from tenant_controllers.store import HandledStore
+from tests.controllers.fake_provider import FakeProvider
+from tests.controllers.support import T0, carbon, congestion, failure, running
+from tests.support import eventually
+
+EXAMPLES = Path(tenant_controllers.examples.__file__).parent
+
+
+def negotiations(provider: FakeProvider) -> list[dict]:
+    return sorted(provider.negotiations.values(), key=lambda n: n["created_at"])
+
+
+async def test_carbon_aware_scaler_grows_under_a_carbon_cap_and_shrinks_when_dirty(
+    provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
+) -> None:
+    provider.capacity["llm-finetune"] = 3
+    [ctl] = load_controllers(EXAMPLES / "carbon_aware_scaler.py")
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(carbon(280, at=T0))
+        bus.publish(carbon(120, at=T0 + timedelta(hours=1)))
+        await eventually(lambda: provider.jobs["llm-finetune"]["desired_workers"] == 3, what="grown to 3")
+        bus.publish(carbon(420, at=T0 + timedelta(hours=2)))
+        await eventually(lambda: provider.jobs["llm-finetune"]["desired_workers"] == 1, what="shrunk to 1")
+        await eventually(lambda: runtime.stats.handled == 3, what="all handled")
+    grow, shrink = negotiations(provider)
+    assert grow["terms"] == {"desired_workers": 4, "accept_workers": {"min": 3, "max": 4},
+                             "constraints": {"carbon_cap_g_per_kwh": 200.0}}
+    assert grow["state"] == "accepted" and shrink["state"] == "accepted"
+    assert shrink["terms"]["desired_workers"] == 1
+    outcomes = [r.outcome for r in store.records()]
+    assert outcomes[0] == "keep 2 workers at 280 g/kWh" and outcomes[1] == "scaled to 3 workers at 120 g/kWh"
+
+
+async def test_failure_guard_asks_for_a_replacement_or_one_fewer_before_the_predicted_failure(
+    provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
+) -> None:
+    provider.capacity["llm-finetune"] = 2
+    [ctl] = load_controllers(EXAMPLES / "failure_guard.py")
+    predicted = failure(kind=FailureKind.PREDICTED_FAILURE)
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(predicted)
+        await eventually(lambda: runtime.stats.handled == 1, what="handled")
+    [negotiation] = negotiations(provider)
+    assert negotiation["kind"] == NegotiationKind.SCALE and negotiation["state"] == NegotiationState.ACCEPTED
+    assert negotiation["terms"]["desired_workers"] == 2
+    assert negotiation["terms"]["accept_workers"] == {"min": 1, "max": 2}
+    assert negotiation["terms"]["constraints"]["deadline"].startswith(
+        predicted.data.eta.isoformat().replace("+00:00", ""))
+    assert store.records()[0].outcome.endswith("replaced the worker")
+
+
+async def test_congestion_repartitioner_switches_to_hsdp_and_back_with_hysteresis(
+    provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
+) -> None:
+    [ctl] = load_controllers(EXAMPLES / "congestion_repartitioner.py")
+    plan = lambda: provider.jobs["llm-finetune"]["parallel_plan"]  # noqa: E731
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(congestion(CongestionLevel.HIGH, scope=CongestionScope.INTRA_GROUP, at=T0))
+        bus.publish(congestion(CongestionLevel.HIGH, at=T0 + timedelta(minutes=1)))
+        await eventually(lambda: plan() == "hsdp", what="HSDP under inter-group congestion")
+        bus.publish(congestion(CongestionLevel.LOW, at=T0 + timedelta(minutes=2)))
+        bus.publish(congestion(CongestionLevel.NONE, at=T0 + timedelta(minutes=3)))
+        await eventually(lambda: plan() == "ddp", what="back to DDP once clear")
+        await eventually(lambda: runtime.stats.handled == 3, what="three inter-group events handled")
+    assert [(n["kind"], n["terms"]["parallel_plan"], n["state"]) for n in negotiations(provider)] == [
+        ("repartition", "hsdp", "accepted"), ("repartition", "ddp", "accepted")]
