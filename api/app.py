@@ -7,11 +7,16 @@ Start-up order matters:
 1. refuse to start unless the schema is at the Alembic head (the schema comes only from migrations; the message
    names `harmonaize db upgrade`);
 2. reconcile the broker with the registry (`broker.apply(all active tenants)`), so a broker that restarted empty, or
-   missed an apply, serves exactly the tenants the database knows before the first request arrives.
+   missed an apply, serves exactly the tenants the database knows before the first request arrives;
+3. start the background tasks: the negotiation sweeper (expiry, reservations that start) and, given a `bus`, the
+   outbox relay, which first delivers whatever a previous process committed but did not publish. Without a bus the
+   outbox only accumulates (tests of the API alone, tools that must not publish).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,9 +25,13 @@ from fastapi import FastAPI
 from api.db import make_engine, make_sessionmaker
 from api.errors import install_error_handlers
 from api.migrate import check_schema_current
+from api.options import NegotiationOptions, NegotiationRuntime
 from api.routes import build_router
+from api.services.outbox_relay import OutboxRelay
+from api.services.sweeper import run_sweeper
 from api.services.tenants import TenantRegistry
 from broker_config.accounts import TenantBroker
+from broker_config.provider_bus import ProviderBus
 from harmonaize import __version__
 from harmonaize.settings import Settings
 
@@ -42,14 +51,33 @@ def _pseudonym_secret(settings: Settings) -> bytes:
     return settings.provider_secret.get_secret_value().encode()
 
 
-def create_app(settings: Settings, *, broker: TenantBroker) -> FastAPI:
-    """Build the control-plane API; the database and broker are touched only when its lifespan starts."""
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def create_app(
+    settings: Settings,
+    *,
+    broker: TenantBroker,
+    bus: ProviderBus | None = None,
+    negotiation: NegotiationOptions | None = None,
+) -> FastAPI:
+    """Build the control-plane API; the database, broker and bus are touched only when its lifespan starts.
+
+    The bus belongs to the caller (who closes it); the app only publishes through it while running.
+    """
     secret = _pseudonym_secret(settings)
     registry = TenantRegistry(broker)
+    runtime = NegotiationRuntime.resolve(negotiation or NegotiationOptions())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.resolved_database_url)
+        tasks: list[asyncio.Task[None]] = []
         try:
             await check_schema_current(engine)
             sessionmaker = make_sessionmaker(engine)
@@ -57,8 +85,22 @@ def create_app(settings: Settings, *, broker: TenantBroker) -> FastAPI:
                 await registry.reconcile(session)
             app.state.engine = engine
             app.state.sessionmaker = sessionmaker
+            relay = None if bus is None else OutboxRelay(
+                sessionmaker, bus, poll_interval=runtime.relay_poll_interval_s, clock=runtime.clock
+            )
+            app.state.relay = relay
+            wake = relay.wake if relay is not None else (lambda: None)
+            if relay is not None:
+                tasks.append(asyncio.create_task(relay.run(), name="hz-outbox-relay"))
+            tasks.append(
+                asyncio.create_task(
+                    run_sweeper(sessionmaker, clock=runtime.clock, interval=runtime.sweep_interval_s, on_change=wake),
+                    name="hz-negotiation-sweeper",
+                )
+            )
             yield
         finally:
+            await _stop(tasks)
             await engine.dispose()
 
     app = FastAPI(title="HarmonAIze control plane", version=__version__, lifespan=lifespan)
@@ -66,6 +108,8 @@ def create_app(settings: Settings, *, broker: TenantBroker) -> FastAPI:
     app.state.registry = registry
     app.state.broker = broker
     app.state.pseudonym_secret = secret
+    app.state.negotiation = runtime
+    app.state.relay = None
     install_error_handlers(app)
     app.include_router(build_router())
     return app

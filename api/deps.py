@@ -10,7 +10,7 @@ kind of route (a tenant token on an admin route, the admin token on a tenant rou
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -18,6 +18,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Tenant
+from api.options import NegotiationRuntime
+from api.services.negotiations import NegotiationContext
 from api.services.tenants import TenantRegistry, authenticate
 from broker_config.accounts import TenantBroker
 from harmonaize.settings import Settings
@@ -47,7 +49,21 @@ def _pseudonym_secret(request: Request) -> bytes:
     return request.app.state.pseudonym_secret
 
 
+def _negotiation_context(request: Request) -> NegotiationContext:
+    runtime: NegotiationRuntime = request.app.state.negotiation
+    return runtime.context()
+
+
+def _wake_relay(request: Request) -> Callable[[], None]:
+    relay = request.app.state.relay
+    return relay.wake if relay is not None else (lambda: None)
+
+
 SessionDep = Annotated[AsyncSession, Depends(_session)]
+NegotiationContextDep = Annotated[NegotiationContext, Depends(_negotiation_context)]
+"""The time of this request and the policy's inputs (clock, forecast, regions, offer lifetime)."""
+WakeRelayDep = Annotated[Callable[[], None], Depends(_wake_relay)]
+"""Call after committing outbox rows, so the relay publishes them now rather than at its next poll."""
 SettingsDep = Annotated[Settings, Depends(_settings)]
 RegistryDep = Annotated[TenantRegistry, Depends(_registry)]
 PseudonymSecretDep = Annotated[bytes, Depends(_pseudonym_secret)]

@@ -27,6 +27,16 @@ from pydantic_core import PydanticCustomError
 from api.models import Compression, Host, Job, ParallelPlan
 from harmonaize.events import EventKind
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
+from harmonaize.negotiation import (
+    MAX_OPTIONS,
+    Actor,
+    NegotiationKind,
+    NegotiationState,
+    NegotiationTerms,
+    Offer,
+    OfferOption,
+    RoundAction,
+)
 
 MAX_INT = 1_000_000_000
 """Upper bound for counts and step numbers: far beyond any real job, far below a 32-bit column's limit."""
@@ -320,3 +330,56 @@ class CapacityPublic(BaseModel):
 
 class HealthPublic(BaseModel):
     status: str
+
+
+class AcceptBody(_Body):
+    """`POST /v1/negotiations/{id}/accept`: which option of the current offer (an index into `offer.options`)."""
+
+    option: int = Field(ge=0, lt=MAX_OPTIONS)
+
+
+class CloseBody(_Body):
+    """`POST /v1/negotiations/{id}/reject` or `/cancel`: an optional reason, kept in the round's note."""
+
+    reason: DisplayText | None = None
+
+
+class RoundPublic(BaseModel):
+    """One step of a negotiation: who did what and when, with the terms or offer of that step."""
+
+    round: int
+    actor: Actor
+    action: RoundAction
+    at: datetime
+    terms: NegotiationTerms | None
+    offer: Offer | None
+    option: int | None
+    note: str | None
+
+
+class NegotiationSummary(BaseModel):
+    """A negotiation's current state (a list item); `accepted_option` is the option taken, once accepted."""
+
+    id: str
+    job: str
+    kind: NegotiationKind
+    state: NegotiationState
+    round: int
+    terms: NegotiationTerms
+    offer: Offer | None
+    accepted_option: OfferOption | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class NegotiationPublic(NegotiationSummary):
+    """A negotiation with every round, oldest first."""
+
+    rounds: list[RoundPublic]
+
+
+class NegotiationPage(BaseModel):
+    """Newest first; pass `next_cursor` as `cursor` for the next page (null: no more)."""
+
+    items: list[NegotiationSummary]
+    next_cursor: str | None

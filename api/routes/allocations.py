@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import AdminDep, SessionDep
+from api.deps import AdminDep, SessionDep, WakeRelayDep
 from api.schemas import AllocationCreate, AllocationId, AllocationPublic
 from api.services import ledger
 from harmonaize.ids import JobId, TenantId
@@ -29,8 +29,10 @@ def _public(placement: ledger.Placement) -> AllocationPublic:
 
 
 @router.post("/allocations", status_code=201)
-async def allocate(body: AllocationCreate, _admin: AdminDep, session: SessionDep) -> AllocationPublic:
-    """Grant GPUs to a job; 409 when no host in scope has room (nothing is allocated then)."""
+async def allocate(
+    body: AllocationCreate, _admin: AdminDep, session: SessionDep, wake: WakeRelayDep
+) -> AllocationPublic:
+    """Grant GPUs (whole workers) to a job; 409 when no host in scope has room or the job is at its max_workers."""
     placement = await ledger.allocate(
         session,
         tenant_id=body.tenant_id,
@@ -39,6 +41,7 @@ async def allocate(body: AllocationCreate, _admin: AdminDep, session: SessionDep
         host_id=body.host_id,
         locality_group=body.locality_group,
     )
+    wake()
     return _public(placement)
 
 
@@ -57,6 +60,10 @@ async def list_allocations(
 
 
 @router.delete("/allocations/{allocation_id}")
-async def release(allocation_id: AllocationId, _admin: AdminDep, session: SessionDep) -> AllocationPublic:
-    """Return an allocation's GPUs to its host; 409 if it was already released."""
-    return _public(await ledger.release(session, allocation_id))
+async def release(
+    allocation_id: AllocationId, _admin: AdminDep, session: SessionDep, wake: WakeRelayDep
+) -> AllocationPublic:
+    """Return an allocation's GPUs to its host and job; 409 if it was already released."""
+    placement = await ledger.release(session, allocation_id)
+    wake()
+    return _public(placement)

@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 PROVIDER_SECRET = "test-provider-secret-fedcba9876543210"
+
+
+EPOCH = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+"""Where every test's clock starts: the carbon trace is anchored here too (trace hour 0: 332 g/kWh)."""
+
+
+class FakeClock:
+    """A clock that moves only when told to: expiry and delayed starts are tested without sleeping."""
+
+    def __init__(self, now: datetime = EPOCH) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> datetime:
+        self.now += timedelta(**delta)
+        return self.now
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -9,7 +9,10 @@ PostgreSQL comes from HZ_TEST_POSTGRES_URL (default: postgres@127.0.0.1:5432, tr
 PostgreSQL variants are skipped, saying so; with CI set they fail instead, because CI always provides one.
 
 The app runs its real lifespan (`app.router.lifespan_context`), so every test passes the schema check and the
-broker reconciliation, against `InMemoryBroker`, a real in-memory implementation of the broker port.
+broker reconciliation, against `InMemoryBroker`, a real in-memory implementation of the broker port. Negotiations
+read time from `clock` (a `FakeClock` a test moves by hand) and carbon from the shipped trace anchored at its start;
+the sweeper is started but idle (a test that wants a sweep calls `sweep_once`), and no bus is given (the outbox
+accumulates; tests/api/test_outbox_relay.py and tests/e2e deliver it).
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from sqlalchemy.engine import URL, make_url
 
 from api import migrate
 from api.app import create_app
+from api.options import NegotiationOptions
 from api.db import make_engine
 from api.models import Base
 from harmonaize.settings import Settings
 from tests.api.api_memory_broker import InMemoryBroker
-from tests.api.api_testkit import ADMIN_TOKEN, PROVIDER_SECRET, TenantHandle, create_tenant
+from tests.api.api_testkit import ADMIN_TOKEN, PROVIDER_SECRET, FakeClock, TenantHandle, create_tenant
 
 DEFAULT_POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 _T = TypeVar("_T")
@@ -183,9 +187,21 @@ def broker() -> InMemoryBroker:
 
 
 @pytest.fixture
-async def app(migrated_settings: Settings, broker: InMemoryBroker) -> AsyncIterator[FastAPI]:
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def negotiation_options(clock: FakeClock) -> NegotiationOptions:
+    return NegotiationOptions(clock=clock, sweep_interval_s=3600.0)
+
+
+@pytest.fixture
+async def app(
+    migrated_settings: Settings, broker: InMemoryBroker, negotiation_options: NegotiationOptions
+) -> AsyncIterator[FastAPI]:
     """The API, started (schema checked, broker reconciled) and shut down around the test."""
-    application = create_app(migrated_settings, broker=broker)
+    application = create_app(migrated_settings, broker=broker, negotiation=negotiation_options)
     async with application.router.lifespan_context(application):
         yield application
 

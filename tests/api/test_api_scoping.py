@@ -23,7 +23,20 @@ TENANT_ROUTES = {
     ("GET", "/v1/jobs/{job_id}"),
     ("GET", "/v1/jobs/{job_id}/allocations"),
     ("PUT", "/v1/event-consumers/{name}"),
+    ("POST", "/v1/negotiations"),
+    ("GET", "/v1/negotiations"),
+    ("GET", "/v1/negotiations/{negotiation_id}"),
+    ("POST", "/v1/negotiations/{negotiation_id}/accept"),
+    ("POST", "/v1/negotiations/{negotiation_id}/counter"),
+    ("POST", "/v1/negotiations/{negotiation_id}/reject"),
+    ("POST", "/v1/negotiations/{negotiation_id}/cancel"),
 }
+ID_ROUTE_BODIES: dict[str, dict[str, object]] = {
+    "/v1/negotiations/{negotiation_id}/accept": {"option": 0},
+    "/v1/negotiations/{negotiation_id}/counter": {"desired_workers": 2},
+}
+"""Valid bodies for tenant id routes that need one, so the request reaches the lookup (a 422 would hide a leak)."""
+NEVER_EXISTED = {"job_id": "no-such-job", "negotiation_id": "00000000-0000-7000-8000-000000000000"}
 OWN_NAMESPACE_ROUTES = {("PUT", "/v1/event-consumers/{name}")}
 """Tenant routes whose path names something in the caller's own namespace (a consumer on the caller's own stream), so
 there is no other tenant's object to probe: the same name used by two tenants names two different consumers."""
@@ -38,6 +51,7 @@ class World:
     globex: TenantHandle
     globex_job: str
     globex_allocation: str
+    globex_negotiation: str
 
 
 def _routes(app: FastAPI) -> list[tuple[str, str]]:
@@ -70,7 +84,20 @@ async def world(client: httpx.AsyncClient, acme: TenantHandle, globex: TenantHan
         assert response.status_code == 201, response.text
         if tenant == "globex":
             globex_allocation = response.json()["id"]
-    return World(acme=acme, globex=globex, globex_job="globex-train", globex_allocation=globex_allocation)
+    negotiation = await client.post(
+        "/v1/negotiations",
+        json={"job": "globex-train", "kind": "scale", "terms": {"desired_workers": 3}},
+        headers={**globex.headers, "Idempotency-Key": "globex-1"},
+    )
+    assert negotiation.status_code == 201, negotiation.text
+    assert negotiation.json()["state"] == "offered"
+    return World(
+        acme=acme,
+        globex=globex,
+        globex_job="globex-train",
+        globex_allocation=globex_allocation,
+        globex_negotiation=negotiation.json()["id"],
+    )
 
 
 def _globex_secrets(world: World) -> list[str]:
@@ -80,6 +107,7 @@ def _globex_secrets(world: World) -> list[str]:
         world.globex.token,
         world.globex.created["nats_user_public_key"],
         world.globex_allocation,
+        world.globex_negotiation,
         *PROVIDER_NAMES,
     ]
 
@@ -111,22 +139,24 @@ async def test_admin_routes_refuse_tenant_tokens_and_anonymous_callers(
 async def test_tenant_routes_answer_404_for_another_tenants_ids(
     app: FastAPI, client: httpx.AsyncClient, world: World
 ) -> None:
-    globex_values = {"job_id": world.globex_job}
+    globex_values = {"job_id": world.globex_job, "negotiation_id": world.globex_negotiation}
     id_routes = [
         (method, path)
         for method, path in _routes(app)
         if (method, path) in TENANT_ROUTES - OWN_NAMESPACE_ROUTES and "{" in path
     ]
-    assert id_routes
+    assert len(id_routes) >= 7
     for method, path in id_routes:
-        response = await client.request(method, _fill(path, globex_values), headers=world.acme.headers)
+        body = ID_ROUTE_BODIES.get(path)
+        url = _fill(path, globex_values)
+        response = await client.request(method, url, json=body, headers=world.acme.headers)
         assert response.status_code == 404, (method, path, response.text)
-        missing_url = _fill(path, {"job_id": "no-such-job"})
-        never_existed = await client.request(method, missing_url, headers=world.acme.headers)
+        never_existed = await client.request(method, _fill(path, NEVER_EXISTED), json=body, headers=world.acme.headers)
         assert response.json() == never_existed.json(), "a foreign id must look exactly like a missing one"
-        sent = world.globex_job
-        leaked = [secret for secret in _globex_secrets(world) if secret not in sent and secret in response.text]
+        leaked = [secret for secret in _globex_secrets(world) if secret not in url and secret in response.text]
         assert not leaked, (path, leaked)
+    mine = await client.get(f"/v1/negotiations/{world.globex_negotiation}", headers=world.globex.headers)
+    assert mine.status_code == 200 and mine.json()["state"] == "offered", "the probes changed nothing"
 
 
 async def test_tenant_views_never_show_provider_names_or_other_tenants(
@@ -139,6 +169,7 @@ async def test_tenant_views_never_show_provider_names_or_other_tenants(
         await client.get("/v1/jobs/acme-train", headers=acme.headers),
         await client.get("/v1/jobs/acme-train/allocations", headers=acme.headers),
         await client.get("/v1/capacity", headers=acme.headers),
+        await client.get("/v1/negotiations", headers=acme.headers),
     ]
     for response in responses:
         assert response.status_code == 200, response.text

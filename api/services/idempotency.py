@@ -1,0 +1,81 @@
+"""Idempotency keys: a retried POST gets the first response again instead of acting twice.
+
+A tenant sends `Idempotency-Key` with a request that creates something. The first request that completes stores
+its response (status and body) under (tenant, key) together with a fingerprint of the request body, in the same
+transaction as the effect, so "done" and "remembered" cannot disagree. Later requests with that key:
+
+* same body  -> the stored response, verbatim, even if the object has moved on since (a retry must not see a
+  different answer than the one it missed);
+* other body -> refused (422): the key was reused for a different request, which is a client bug.
+
+Two concurrent first requests are settled by the primary key: the row is inserted (and flushed) before any work,
+so on PostgreSQL the second insert waits for the first transaction and then fails; the loser rolls back and replays
+the winner's response. Failed requests store nothing, so a retry after an error executes again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.models import IdempotencyKey
+from api.services.errors import InvalidRequestError
+
+
+class IdempotencyKeyReusedError(InvalidRequestError):
+    """The key was first used with a different request body."""
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response as first sent: replayed byte-for-byte (as JSON) for retries."""
+
+    status: int
+    body: Any
+
+
+def fingerprint(body: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a request body (key order and whitespace do not matter)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def lookup(session: AsyncSession, *, tenant_id: str, key: str, request_fingerprint: str) -> StoredResponse | None:
+    """The stored response for this key, None for a new key; IdempotencyKeyReusedError for another body."""
+    row = await session.get(IdempotencyKey, (tenant_id, key), populate_existing=True)
+    if row is None:
+        return None
+    if row.fingerprint != request_fingerprint:
+        raise IdempotencyKeyReusedError(
+            "this Idempotency-Key was already used with a different request body: use a new key for a new request"
+        )
+    return StoredResponse(status=row.response_status, body=row.response_body)
+
+
+async def claim(
+    session: AsyncSession, *, tenant_id: str, key: str, request_fingerprint: str, now: datetime
+) -> IdempotencyKey:
+    """Insert the key (flushed at once) before doing the work; IntegrityError if another request holds it."""
+    row = IdempotencyKey(
+        tenant_id=tenant_id,
+        key=key,
+        fingerprint=request_fingerprint,
+        response_status=0,
+        response_body=None,
+        created_at=now,
+    )
+    session.add(row)
+    await session.flush()
+    return row
+
+
+def remember(row: IdempotencyKey, response: StoredResponse) -> None:
+    """Store the response in the claimed row (committed with the work)."""
+    row.response_status = response.status
+    row.response_body = response.body

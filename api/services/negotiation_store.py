@@ -1,0 +1,194 @@
+"""Reading and writing negotiations: tenant-scoped loads, guarded state changes, rounds, outcome events.
+
+Every change goes through `change_state`: one conditional UPDATE on (id, tenant, state, version) that also bumps the
+version. Its rowcount decides a race between two answers to the same offer (two accepts, an accept and the
+sweeper's expiry): exactly one wins; the loser learns the state that won and gets an `InvalidTransitionError`
+naming it. Each change appends a round (who, what, when, terms or offer) and queues a `NegotiationUpdate` event
+for the tenant in the outbox, in the same transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
+
+from api.models import Negotiation, NegotiationRound
+from api.schemas import NegotiationPublic, NegotiationSummary, RoundPublic
+from api.services.errors import NotFoundError
+from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
+from api.services.outbox import enqueue_tenant_event
+from harmonaize.events import NegotiationUpdate
+from harmonaize.negotiation import NegotiationState, NegotiationTerms, Offer, OfferOption, RoundAction
+
+NOT_FOUND = "negotiation not found"
+
+
+@dataclass(frozen=True)
+class NegotiationRecord:
+    """A negotiation row with its rounds (oldest first)."""
+
+    negotiation: Negotiation
+    rounds: list[NegotiationRound]
+
+
+def offer_of(negotiation: Negotiation) -> Offer | None:
+    return None if negotiation.offer is None else Offer.model_validate(negotiation.offer)
+
+
+def accepted_option_of(negotiation: Negotiation) -> OfferOption | None:
+    offer = offer_of(negotiation)
+    if offer is None or negotiation.accepted_option is None:
+        return None
+    return offer.options[negotiation.accepted_option]
+
+
+def summary(negotiation: Negotiation) -> NegotiationSummary:
+    return NegotiationSummary(
+        id=negotiation.id,
+        job=negotiation.job_id,
+        kind=negotiation.kind,
+        state=negotiation.state,
+        round=negotiation.round,
+        terms=NegotiationTerms.model_validate(negotiation.terms),
+        offer=offer_of(negotiation),
+        accepted_option=accepted_option_of(negotiation),
+        created_at=negotiation.created_at,
+        updated_at=negotiation.updated_at,
+    )
+
+
+def public(record: NegotiationRecord) -> NegotiationPublic:
+    rounds = [
+        RoundPublic(
+            round=step.round,
+            actor=step.actor,
+            action=step.action,
+            at=step.at,
+            terms=None if step.terms is None else NegotiationTerms.model_validate(step.terms),
+            offer=None if step.offer is None else Offer.model_validate(step.offer),
+            option=step.option,
+            note=step.note,
+        )
+        for step in record.rounds
+    ]
+    return NegotiationPublic(**summary(record.negotiation).model_dump(), rounds=rounds)
+
+
+async def load(session: AsyncSession, *, tenant_id: str, negotiation_id: str) -> Negotiation:
+    """The tenant's negotiation, freshly read; NotFoundError also for another tenant's (indistinguishable)."""
+    negotiation = await session.scalar(
+        select(Negotiation)
+        .where(Negotiation.id == negotiation_id, Negotiation.tenant_id == tenant_id)
+        .execution_options(populate_existing=True)
+    )
+    if negotiation is None:
+        raise NotFoundError(NOT_FOUND)
+    return negotiation
+
+
+async def load_record(session: AsyncSession, negotiation: Negotiation) -> NegotiationRecord:
+    rounds = await session.scalars(
+        select(NegotiationRound)
+        .where(NegotiationRound.negotiation_id == negotiation.id)
+        .order_by(NegotiationRound.seq)
+        .execution_options(populate_existing=True)
+    )
+    return NegotiationRecord(negotiation=negotiation, rounds=list(rounds))
+
+
+async def append_round(
+    session: AsyncSession,
+    negotiation: Negotiation,
+    action: RoundAction,
+    *,
+    at: datetime,
+    terms: NegotiationTerms | None = None,
+    offer: Offer | None = None,
+    option: int | None = None,
+    note: str | None = None,
+) -> None:
+    """Record one step (the round number is the negotiation's current one)."""
+    last = await session.scalar(
+        select(func.max(NegotiationRound.seq)).where(NegotiationRound.negotiation_id == negotiation.id)
+    )
+    session.add(
+        NegotiationRound(
+            negotiation_id=negotiation.id,
+            seq=int(last or 0) + 1,
+            round=negotiation.round,
+            actor=ACTORS[action],
+            action=action,
+            at=at,
+            terms=None if terms is None else terms.model_dump(mode="json"),
+            offer=None if offer is None else offer.model_dump(mode="json"),
+            option=option,
+            note=None if note is None else note[:500],
+        )
+    )
+    await session.flush()
+
+
+async def change_state(
+    session: AsyncSession, negotiation: Negotiation, action: RoundAction, *, now: datetime, **values: Any
+) -> NegotiationState:
+    """Apply `action` to an offered negotiation if nobody changed it since it was read; returns the new state.
+
+    `values` are the other columns to set (round, terms, offer, ...). For a counter, pass `state` explicitly: the
+    table leads to the transient AWAITING_PROVIDER step and the provider's answer decides the stored state.
+    """
+    target = values.pop("state", None) or next_status(negotiation.state, action)
+    assert isinstance(target, NegotiationState), f"{target} is not a stored state"
+    result = await session.execute(
+        update(Negotiation)
+        .where(
+            Negotiation.id == negotiation.id,
+            Negotiation.tenant_id == negotiation.tenant_id,
+            Negotiation.state == negotiation.state,
+            Negotiation.version == negotiation.version,
+        )
+        .values(state=target, version=Negotiation.version + 1, updated_at=now, **values)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        current = await session.scalar(select(Negotiation.state).where(Negotiation.id == negotiation.id))
+        raise InvalidTransitionError(current or negotiation.state, action)
+    for name, value in {"state": target, "version": negotiation.version + 1, "updated_at": now, **values}.items():
+        set_committed_value(negotiation, name, value)
+    return target
+
+
+def announce(session: AsyncSession, negotiation: Negotiation, *, now: datetime) -> None:
+    """Queue the negotiation's new state as a CloudEvent on the tenant's `negotiation` subject for the job."""
+    offer = offer_of(negotiation)
+    update_event = NegotiationUpdate(
+        negotiation_id=negotiation.id,
+        kind=negotiation.kind,
+        state=negotiation.state,
+        round=negotiation.round,
+        offer=offer,
+        accepted_option=accepted_option_of(negotiation),
+        at=now,
+    )
+    enqueue_tenant_event(session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event, now=now)
+
+
+async def expire(session: AsyncSession, negotiation: Negotiation, *, now: datetime) -> bool:
+    """Mark an offered negotiation whose offer has expired as expired (no commit); False if it was not due or lost
+    a race to another change."""
+    if negotiation.state is not NegotiationState.OFFERED or negotiation.expires_at is None:
+        return False
+    if negotiation.expires_at > now:
+        return False
+    try:
+        await change_state(session, negotiation, RoundAction.EXPIRE, now=now)
+    except InvalidTransitionError:
+        return False
+    expired_at = negotiation.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    await append_round(session, negotiation, RoundAction.EXPIRE, at=now, note=f"the offer expired at {expired_at}")
+    announce(session, negotiation, now=now)
+    return True
