@@ -188,7 +188,7 @@ class FakeProvider:
             if chosen.get("parallel_plan") is not None:
                 job["parallel_plan"] = chosen["parallel_plan"]
             negotiation["state"] = "accepted"
-            negotiation["accepted_option"] = index
+            negotiation["accepted_option"] = chosen
             record["option"] = index
         elif action == "counter":
             negotiation["round"] += 1
@@ -213,7 +213,7 @@ class FakeProvider:
                  if all(params.get(k) in (None, n[k]) for k in ("job", "state", "kind"))]
         limit = int(params.get("limit", "100"))
         start = int(params.get("cursor", "0"))
-        page = items[start:start + limit]
+        page = [{k: v for k, v in n.items() if k != "rounds"} for n in items[start:start + limit]]
         next_cursor = str(start + limit) if start + limit < len(items) else None
         return httpx.Response(200, json={"items": page, "next_cursor": next_cursor})
 

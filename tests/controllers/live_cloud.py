@@ -74,10 +74,13 @@ class LiveCloud:
     async def consumer_info(self, name: str) -> ConsumerInfo:
         return await self.provider.jetstream().consumer_info(tenant_stream_name(self.tenant), name)
 
-    async def create_job(self, job_id: str = JOB, *, min_workers: int = 1, max_workers: int = 4) -> dict[str, Any]:
-        reply = await self.tenant_client.post(
-            "/v1/jobs", json={"id": job_id, "min_workers": min_workers, "max_workers": max_workers}
-        )
+    async def create_job(
+        self, job_id: str = JOB, *, min_workers: int = 1, max_workers: int = 4, initial_workers: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": job_id, "min_workers": min_workers, "max_workers": max_workers}
+        if initial_workers is not None:
+            body["initial_workers"] = initial_workers
+        reply = await self.tenant_client.post("/v1/jobs", json=body)
         assert reply.status_code == 201, reply.text
         return dict(reply.json())
 
@@ -93,8 +96,14 @@ class LiveCloud:
 
 @asynccontextmanager
 async def live_cloud(
-    data_dir: Path, *, nats_server: NatsServer, tenant_broker: NatsTenantBroker, provider_secret: bytes
+    data_dir: Path,
+    *,
+    nats_server: NatsServer,
+    tenant_broker: NatsTenantBroker,
+    provider_secret: bytes,
+    **app_options: Any,
 ) -> AsyncIterator[LiveCloud]:
+    """`app_options` go to `create_app` (e.g. the negotiation options of the provider under test)."""
     settings = Settings(
         _env_file=None,
         data_dir=data_dir,
@@ -103,7 +112,7 @@ async def live_cloud(
         nats_url=nats_server.url,
     )
     await upgrade_async(settings)
-    app = create_app(settings, broker=tenant_broker)
+    app = create_app(settings, broker=tenant_broker, **app_options)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     serving = asyncio.create_task(server.serve(), name="hz-test-api")
     try:
