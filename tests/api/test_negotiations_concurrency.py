@@ -1,0 +1,112 @@
+"""Concurrent acceptances against limited capacity, and the per-job cap, on SQLite and PostgreSQL.
+
+The capacity ledger must end exactly full, never beyond, with its three running totals (hosts, live allocation rows,
+jobs) agreeing, however the concurrent transactions interleave; losers get 409 with a reason and change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from fastapi import FastAPI
+from sqlalchemy import func, select
+
+from api.models import Host, Negotiation
+from harmonaize.negotiation import NegotiationState
+from tests.api.api_testkit import ADMIN, TenantHandle, create_host, create_job
+from tests.api.negotiation_kit import ledger_totals, negotiate
+
+JOBS = 50
+HOSTS = [("h-a1", 4, "rack-a"), ("h-a2", 4, "rack-a"), ("h-b1", 2, "rack-b")]
+TOTAL_GPUS = sum(gpus for _, gpus, _ in HOSTS)
+
+
+async def test_fifty_concurrent_accepts_exactly_fill_capacity(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle
+) -> None:
+    for host_id, gpus, group in HOSTS:
+        await create_host(client, host_id, gpus=gpus, group=group)
+    offers = []
+    for index in range(JOBS):
+        await create_job(client, acme, f"job-{index}")
+        offers.append(await negotiate(client, acme, f"job-{index}", key=f"k{index}", desired_workers=1))
+    assert all(offer["state"] == "offered" for offer in offers), "each one alone would fit"
+
+    responses = await asyncio.gather(
+        *(client.post(f"/v1/negotiations/{offer['id']}/accept", json={"option": 0}, headers=acme.headers)
+          for offer in offers)
+    )
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(200) == TOTAL_GPUS and statuses.count(409) == JOBS - TOTAL_GPUS, statuses
+    assert all("capacity for this option is gone" in r.json()["reason"] for r in responses if r.status_code == 409)
+
+    assert await ledger_totals(app) == (TOTAL_GPUS, TOTAL_GPUS, TOTAL_GPUS)
+    async with app.state.sessionmaker() as session:
+        assert all(host.allocated_gpus == host.gpus for host in await session.scalars(select(Host)))
+        states = dict((await session.execute(select(Negotiation.state, func.count()).group_by(Negotiation.state))).all())
+    assert states == {NegotiationState.ACCEPTED: TOTAL_GPUS, NegotiationState.OFFERED: JOBS - TOTAL_GPUS}
+    jobs = (await client.get("/v1/jobs", headers=acme.headers)).json()
+    assert sum(job["desired_workers"] for job in jobs) == TOTAL_GPUS
+
+
+async def test_two_accepts_of_one_offer_cannot_both_win(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle
+) -> None:
+    await create_host(client, "h1", gpus=8, group="rack-a")
+    await create_job(client, acme, "train")
+    offer = await negotiate(client, acme, "train", key="once", desired_workers=2)
+    responses = await asyncio.gather(
+        *(client.post(f"/v1/negotiations/{offer['id']}/accept", json={"option": 0}, headers=acme.headers)
+          for _ in range(6))
+    )
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses == [200] + [409] * 5, statuses
+    assert {r.json()["reason"] for r in responses if r.status_code == 409} == {"negotiation is accepted: cannot accept"}
+    assert await ledger_totals(app) == (2, 2, 2)
+
+
+async def test_the_job_cap_holds_under_concurrent_admin_allocations(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle
+) -> None:
+    await create_host(client, "h1", gpus=16, group="rack-a")
+    await create_job(client, acme, "pair", min_workers=1, max_workers=3, gpus_per_worker=2)
+    body = {"tenant_id": "acme", "job_id": "pair", "gpus": 2}
+    responses = await asyncio.gather(*(client.post("/v1/allocations", json=body, headers=ADMIN) for _ in range(10)))
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(201) == 3 and statuses.count(409) == 7, statuses
+    assert all("at most 3 workers" in r.json()["reason"] for r in responses if r.status_code == 409)
+    assert await ledger_totals(app) == (6, 6, 6)
+    odd = await client.post("/v1/allocations", json={**body, "gpus": 1}, headers=ADMIN)
+    assert odd.status_code == 422 and "multiple" in odd.json()["reason"]
+
+    first = (await client.get("/v1/allocations", headers=ADMIN)).json()[0]
+    assert (await client.delete(f"/v1/allocations/{first['id']}", headers=ADMIN)).status_code == 200
+    assert (await client.get("/v1/jobs/pair", headers=acme.headers)).json()["desired_workers"] == 2
+    assert await ledger_totals(app) == (4, 4, 4)
+
+
+async def test_initial_workers_are_placed_whole_or_not_at_all(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle
+) -> None:
+    await create_host(client, "h1", gpus=3, group="rack-a")
+    await create_host(client, "h2", gpus=3, group="rack-b")
+    refused = await client.post(
+        "/v1/jobs", json={"id": "wide", "min_workers": 1, "max_workers": 4, "gpus_per_worker": 2,
+                          "initial_workers": 3}, headers=acme.headers,
+    )
+    assert refused.status_code == 409, "6 GPUs free, but only one 2-GPU worker fits per host"
+    assert "room for 2 of the 3" in refused.json()["reason"] and "not created" in refused.json()["reason"]
+    assert (await client.get("/v1/jobs/wide", headers=acme.headers)).status_code == 404
+    assert await ledger_totals(app) == (0, 0, 0)
+
+    out_of_range = await client.post(
+        "/v1/jobs", json={"id": "x", "min_workers": 2, "max_workers": 4, "initial_workers": 1}, headers=acme.headers
+    )
+    assert out_of_range.status_code == 422
+    assert {error["field"] for error in out_of_range.json()["errors"]} == {"body.initial_workers"}
+
+    placed = await create_job(client, acme, "wide", gpus_per_worker=2, initial_workers=2)
+    assert placed["desired_workers"] == 2
+    allocations = (await client.get("/v1/jobs/wide/allocations", headers=acme.headers)).json()
+    assert sorted(a["gpus"] for a in allocations) == [2, 2] and len({a["host"] for a in allocations}) == 2
