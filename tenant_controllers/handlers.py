@@ -12,6 +12,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ def _what_for(annotation: Any, name: str, payload_types: tuple[type, ...]) -> st
                 return None
             return "payload"
     origin = typing.get_origin(annotation)
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+    if origin is typing.Union or origin is types.UnionType:
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
         if members and all(isinstance(a, type) and issubclass(a, EventData) for a in members):
             return "payload"

@@ -67,10 +67,8 @@ class Job:
 
     @property
     def workers(self) -> int:
-        """The agreed number of workers (`desired_workers`); before any agreement, the job's minimum."""
-        snapshot = self._loaded()
-        desired = snapshot.get("desired_workers")
-        return int(desired if desired is not None else snapshot["min_workers"])
+        """The agreed number of workers (`desired_workers`; 0 while the job is not placed)."""
+        return int(self._loaded()["desired_workers"])
 
     @property
     def min_workers(self) -> int:

@@ -17,7 +17,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -126,8 +125,9 @@ class NatsEventSource:
         async def on_reconnect() -> None:
             _log.info("reconnected to the broker")
 
+        client = Client()
         try:
-            return await nats.connect(
+            await client.connect(
                 servers=self._servers,
                 nkeys_seed_str=self._seed,
                 error_cb=on_error,
@@ -140,6 +140,10 @@ class NatsEventSource:
             )
         except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
             raise TemporaryError(f"cannot connect to the broker at {', '.join(self._servers)}: {exc!r}") from exc
+        except asyncio.CancelledError:  # stopped before the broker came up: leave no client tasks behind
+            await client.close()
+            raise
+        return client
 
     async def fetch(self, *, batch: int, timeout: float) -> Sequence[NatsDelivery]:
         if self._sub is None:

@@ -124,6 +124,7 @@ class ControllerRuntime:
             consumer=self.controller.consumer, kinds=self.controller.kinds, jobs=self.controller.jobs
         )
         if not await self._open(subscription):
+            await self.source.close()
             return
         self._lanes = {
             job_id: _Lane(job=Job(job_id, api=self.api, latest=self._lookup_latest)) for job_id in self.controller.jobs
@@ -156,10 +157,20 @@ class ControllerRuntime:
         return bool(self.controller.resync_handlers) and self.resync_interval is not None
 
     async def _open(self, subscription: Subscription) -> bool:
+        """Open the consumer, retrying transient failures until it works or `stop` is set (False then)."""
         delay = 0.2
         while not self._stop.is_set():
+            opening = asyncio.create_task(self.source.open(subscription), name="hz-open")
+            stopping = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({opening, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not opening.done():  # stopped while waiting for the provider or the broker
+                opening.cancel()
+                await asyncio.gather(opening, stopping, return_exceptions=True)
+                return False
+            await asyncio.gather(stopping, return_exceptions=True)
             try:
-                await self.source.open(subscription)
+                opening.result()
                 return True
             except PermanentError:
                 raise

@@ -7,6 +7,7 @@ error mapping and every retry path.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -182,3 +183,15 @@ def test_terms_are_validated_before_anything_is_sent() -> None:
         build_terms(scale_to=5, accept=(1, 4))
     with pytest.raises(ValueError, match="min must be <= max"):
         build_terms(scale_to=2, accept=(3, 1))
+
+
+async def test_defer_and_migrate_send_their_kinds_and_terms(provider: FakeProvider, api: ProviderApi) -> None:
+    job = await loaded(api)
+    offer = await job.defer(start_after=timedelta(hours=2), scale_to=3, accept=(2, 3), carbon_cap=180)
+    assert offer.kind is NegotiationKind.DEFER and offer.options[0].start_at is not None
+    await job.migrate(region="DE")
+    defer_body, migrate_body = (json.loads(r.content) for r in provider.posts())
+    assert defer_body["kind"] == "defer" and defer_body["terms"]["desired_workers"] == 3
+    assert defer_body["terms"]["constraints"] == {"carbon_cap_g_per_kwh": 180.0}
+    assert datetime.fromisoformat(defer_body["terms"]["start_after"]) > datetime.now(UTC) + timedelta(minutes=119)
+    assert migrate_body == {"job": "llm-finetune", "kind": "migrate_region", "terms": {"region": "DE", "constraints": {}}}

@@ -7,6 +7,7 @@ the fake is checked here against the provider's own state machine, policy and id
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,7 @@ async def test_declined_counter_reject_cancel_and_errors_carry_the_servers_reaso
         with pytest.raises(Declined) as declined:
             await job.negotiate(scale_to=6, accept=(5, 6))  # outside the job's own 1..4
         assert declined.value.negotiation.state is NegotiationState.DECLINED
+        assert "declined: no worker count you accept (5-6)" in str(declined.value), "the provider's reason is shown"
 
         first = await job.negotiate(scale_to=3)
         countered = await first.counter(scale_to=4, accept=(3, 4))
@@ -89,3 +91,15 @@ async def test_the_same_idempotency_key_replays_and_handler_attempts_map_to_keys
             with invocation(HandlerInvocation("ctl", "event-1", "on_failure", attempt)):
                 ids.append((await job.negotiate(scale_to=3)).id)
         assert ids[0] == ids[1] != ids[2], "a redelivered event replays; a retry asks afresh"
+
+
+async def test_defer_gets_a_later_start_and_an_unknown_region_is_declined(placed: LiveCloud) -> None:
+    async with ProviderApi(base_url=placed.api_url, token=placed.token) as api:
+        job = await Job("llm-finetune", api=api).refresh()
+        offer = await job.defer(start_after=timedelta(hours=1), deadline=timedelta(hours=12))
+        assert offer.kind is NegotiationKind.DEFER and offer.state is NegotiationState.OFFERED
+        assert all(option.start_at is not None and option.start_at >= offer.terms.start_after for option in offer.options)
+        await offer.cancel("just looking")
+        with pytest.raises(Declined) as declined:
+            await job.migrate(region="XX-NOWHERE")
+        assert declined.value.negotiation.kind is NegotiationKind.MIGRATE_REGION
