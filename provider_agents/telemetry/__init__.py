@@ -49,5 +49,6 @@ __all__ = [
     "detect_source",
     "load_nvml",
     "load_scenario",
+    "load_trace",
     "parse_scenario",
 ]

@@ -120,3 +120,41 @@ def test_durations(text: object, seconds: float) -> None:
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(bad)
+
+
+async def test_the_shipped_demo_scenario_plays_through() -> None:
+    """The demo fleet's file loads and, over its 6 minutes, tells each tenant what DESIGN.md's story needs."""
+    from provider_agents.agent import Agent, AgentConfig
+    from provider_agents.clock import ManualClock
+    from provider_agents.telemetry import SimulatedHost
+    from tests.agents.fakes import START, RecordingSink, StaticDesiredState, assignment
+
+    scenario = load_scenario(Path(__file__).resolve().parents[2] / "provider_agents" / "scenarios" / "demo.yaml")
+    fleet = {
+        "h1": assignment("h1", "g1", ("demo", "llm")),
+        "h2": assignment("h2", "g1", ("demo", "llm")),
+        "h3": assignment("h3", "g2", ("demo", "llm")),
+        "h4": assignment("h4", "g2", ("other", "batch")),
+    }
+    clock, sink = ManualClock(START), RecordingSink()
+    agents = [
+        Agent(
+            AgentConfig(host=host),
+            source=SimulatedHost(host, scenario=scenario, clock=clock),
+            desired=StaticDesiredState(fleet),
+            sink=sink,
+            secret=b"demo-secret",
+            clock=clock,
+        )
+        for host in fleet
+    ]
+    for _ in range(0, 360, 5):
+        for agent in agents:
+            await agent.step()
+        clock.advance(5.0)
+    demo = sink.kinds("demo")
+    assert demo.count("topology") == 1 and demo.count("congestion") == 2 and "maintenance" not in demo
+    assert demo.count("failure") == 2 and demo.count("carbon") >= 30
+    assert sink.kinds("other").count("maintenance") == 3
+    lows = [p.event.data.g_per_kwh for p in sink.items if p.kind == "carbon" and p.tenant == "demo"]
+    assert min(lows) < 210.0 < max(lows)
