@@ -1,5 +1,5 @@
 """Real tier: a controller process killed with SIGKILL while events flow, restarted, ends where one that never
-stopped ends; and the runner's clean stop on SIGTERM.
+stopped ends; both then stop cleanly on SIGTERM / SIGINT (drain, exit 0).
 
 Both controllers run `python -m tenant_controllers.cli run recorder.py` against the real broker and API, each with its
 own durable consumer and state dir. The victim is killed mid-stream; events keep arriving while it is dead; the new
@@ -12,8 +12,6 @@ outcome was still recorded once; the final recorded state of victim and referenc
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -91,29 +89,29 @@ async def test_a_controller_killed_mid_stream_and_restarted_ends_like_one_that_n
     await cloud.create_job("llm-finetune")
     victim = ControllerProcess(cloud, tmp_path, "victim")
     reference = ControllerProcess(cloud, tmp_path, "reference")
-    events = [carbon(50 + n, at=T0 + timedelta(seconds=n)) for n in range(120)]
+    events = [carbon(50 + n, at=T0 + timedelta(seconds=n)) for n in range(90)]
     try:
         victim.start()
         reference.start()
-        for event in events[:40]:
+        for event in events[:30]:
             await cloud.publish(event)
         await cloud.publish(events[5], msg_id="republished")  # a duplicate publish of one CloudEvent
 
-        await eventually(lambda: victim.run_count() >= 12, timeout=20, what="victim handling events")
+        await eventually(lambda: victim.run_count() >= 10, timeout=20, what="victim handling events")
         victim.stop(signal.SIGKILL)  # mid-stream: it still has events to go
         killed_after = set(victim.run_ids())
-        assert len(killed_after) < 40, "the kill happened while events were still flowing"
-        for event in events[40:80]:
+        assert len(killed_after) < 30, "the kill happened while events were still flowing"
+        for event in events[30:60]:
             await cloud.publish(event)
         victim.start()
-        for event in events[80:]:
+        for event in events[60:]:
             await cloud.publish(event)
 
         everything = {e.id for e in events}
         await eventually(lambda: set(victim.run_ids()) == everything and set(reference.run_ids()) == everything,
-                         timeout=30, what="both controllers handled all 120 events")
+                         timeout=30, what="both controllers handled all 90 events")
         assert victim.stop(signal.SIGTERM) == 0, victim.log.read_text()[-2000:]
-        assert reference.stop(signal.SIGTERM) == 0, reference.log.read_text()[-2000:]
+        assert reference.stop(signal.SIGINT) == 0, reference.log.read_text()[-2000:]
     finally:
         victim.kill_quietly()
         reference.kill_quietly()
@@ -121,28 +119,13 @@ async def test_a_controller_killed_mid_stream_and_restarted_ends_like_one_that_n
     victim_runs = Counter(victim.run_ids())
     reference_runs = Counter(reference.run_ids())
     assert set(reference_runs.values()) == {1}, "the reference ran each event once, the duplicate publish included"
-    missed = {e.id for e in events[40:]} | ({e.id for e in events[:40]} - killed_after)
+    missed = {e.id for e in events[30:]} | ({e.id for e in events[:30]} - killed_after)
     assert all(victim_runs[event_id] == 1 for event_id in missed), "every event missed while dead ran exactly once"
     rerun = [event_id for event_id, count in victim_runs.items() if count > 1]
     assert len(rerun) <= 1, f"only the handler running at the kill may have run again, got {rerun}"
     assert victim.records() == reference.records()
-    assert len(victim.records()["outcomes"]) == 120
-    assert victim.records()["newest_g"] == 50 + 119
-
-
-async def test_sigterm_drains_and_exits_0_and_a_second_run_resumes(cloud: LiveCloud, tmp_path: Path) -> None:
-    await cloud.create_job("llm-finetune")
-    process = ControllerProcess(cloud, tmp_path, "graceful")
-    try:
-        process.start()
-        await cloud.publish(carbon(100))
-        await eventually(lambda: process.run_count() == 1, timeout=20, what="first event handled")
-        assert process.stop(signal.SIGTERM) == 0
-        await cloud.publish(carbon(200, at=T0 + timedelta(minutes=1)))
-        process.start()
-        await eventually(lambda: process.run_count() == 2, timeout=20, what="event published while stopped")
-        assert process.stop(signal.SIGINT) == 0
-    finally:
-        process.kill_quietly()
-    assert "stopping: finishing handlers in flight" in process.log.read_text()
-    assert process.run_ids() == cloud.published
+    assert len(victim.records()["outcomes"]) == 90
+    assert victim.records()["newest_g"] == 50 + 89
+    for process in (victim, reference):
+        log = process.log.read_text()
+        assert "stopping: finishing handlers in flight" in log and "Traceback" not in log

@@ -76,7 +76,9 @@ async def test_declined_counter_reject_cancel_and_errors_carry_the_servers_reaso
         assert invalid.value.status == 422 and invalid.value.errors
 
 
-async def test_the_same_idempotency_key_replays_and_handler_attempts_map_to_keys(placed: LiveCloud) -> None:
+async def test_idempotency_keys_replay_defer_gets_a_later_start_and_an_unknown_region_is_declined(
+    placed: LiveCloud,
+) -> None:
     async with ProviderApi(base_url=placed.api_url, token=placed.token) as api:
         job = await Job("llm-finetune", api=api).refresh()
         terms = NegotiationTerms(desired_workers=3)
@@ -92,10 +94,6 @@ async def test_the_same_idempotency_key_replays_and_handler_attempts_map_to_keys
                 ids.append((await job.negotiate(scale_to=3)).id)
         assert ids[0] == ids[1] != ids[2], "a redelivered event replays; a retry asks afresh"
 
-
-async def test_defer_gets_a_later_start_and_an_unknown_region_is_declined(placed: LiveCloud) -> None:
-    async with ProviderApi(base_url=placed.api_url, token=placed.token) as api:
-        job = await Job("llm-finetune", api=api).refresh()
         offer = await job.defer(start_after=timedelta(hours=1), deadline=timedelta(hours=12))
         assert offer.kind is NegotiationKind.DEFER and offer.state is NegotiationState.OFFERED
         assert all(option.start_at is not None and option.start_at >= offer.terms.start_after for option in offer.options)
