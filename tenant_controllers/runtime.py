@@ -139,14 +139,18 @@ class ControllerRuntime:
             self.controller.name, ", ".join(self.controller.jobs),
             ", ".join(self.controller.kinds) or "(resync only)", subscription.consumer,
         )
+        patience = self.drain_timeout
         try:
             await self._pull_loop()
+        except asyncio.CancelledError:  # told to stop at once (a second signal): do not wait for handlers
+            patience = 0.0
+            raise
         finally:
             stop.set()
             if ticker is not None:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
-            await self._drain()
+            await self._drain(patience)
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
             await self.source.close()
@@ -181,17 +185,18 @@ class ControllerRuntime:
             delay = min(delay * 2, 5.0)
         return False
 
-    async def _drain(self) -> None:
+    async def _drain(self, patience: float) -> None:
         lanes = [lane for lane in self._lanes.values() if lane.task is not None]
         for lane in lanes:
             lane.queue.put_nowait(_STOP)
         tasks = [lane.task for lane in lanes if lane.task is not None]
         if not tasks:
             return
-        _, late = await asyncio.wait(tasks, timeout=self.drain_timeout)
+        _, late = await asyncio.wait(tasks, timeout=patience) if patience > 0 else (set(), set(tasks))
         for task in late:
-            self._log.warning("a handler did not finish within %.0f s of the stop; cancelling it", self.drain_timeout)
-            task.cancel()
+            if not task.done():
+                self._log.warning("a handler did not finish within %.0f s of the stop; cancelling it", patience)
+                task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- pulling and routing -----------------------------------------------------------------------------------------

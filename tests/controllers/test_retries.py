@@ -9,6 +9,7 @@ from harmonaize.events import Failure
 from tenant_controllers import Controller, PermanentError, TemporaryError
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.memory import MemoryBroker, MemoryEventSource
+from tenant_controllers.runtime import ControllerRuntime
 from tenant_controllers.store import HandledStore, Status
 from tests.controllers.support import failure, running
 from tests.support import eventually
@@ -158,3 +159,26 @@ async def test_a_slow_handler_keeps_its_delivery_alive(bus: MemoryBroker, api: P
         bus.publish(failure())
         await eventually(lambda: runtime.stats.handled == 1, timeout=5, what="slow handler done")
     assert calls == [1] and runtime.stats.duplicates == 0 and runtime.stats.received == 1
+
+
+async def test_cancelling_the_runtime_does_not_wait_for_handlers(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
+    """What a second Ctrl-C does: the runner cancels, and the runtime gives up on running handlers at once."""
+    ctl = Controller(job="llm-finetune", name="impatient")
+    started = asyncio.Event()
+
+    @ctl.on(Failure)
+    async def stuck(event: Failure) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    runtime = ControllerRuntime(ctl, source=MemoryEventSource(bus), api=api, store=store, fetch_timeout=0.05,
+                                resync_interval=None, drain_timeout=3600)
+    task = asyncio.create_task(runtime.run(asyncio.Event()))
+    bus.publish(failure())
+    await asyncio.wait_for(started.wait(), timeout=5)
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.cancelled() and store.records() == []
+    assert bus.consumer_state(ctl.consumer) == (0, 1), "unfinished: the broker redelivers it to the next run"
