@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol
 
@@ -77,10 +77,17 @@ async def ensure_desired_state_bucket(js: JetStreamContext) -> KeyValue:
 
 
 class FleetView:
-    """A local mirror of every host's desired state, kept current by a KV watch."""
+    """A local mirror of every host's desired state, kept current by a KV watch.
 
-    def __init__(self, kv: KeyValue, *, resync_s: float = 30.0, retry_s: float = 1.0) -> None:
-        self._kv = kv
+    `kv` is the bucket, or a coroutine function that binds it: then binding is retried inside the watch loop, so a
+    process can start (and heartbeat) while JetStream is still unavailable, its view simply not loaded yet.
+    """
+
+    def __init__(
+        self, kv: KeyValue | Callable[[], Awaitable[KeyValue]], *, resync_s: float = 30.0, retry_s: float = 1.0
+    ) -> None:
+        self._kv: KeyValue | None = kv if isinstance(kv, KeyValue) else None
+        self._bind = None if isinstance(kv, KeyValue) else kv
         self._resync_s = resync_s
         self._retry_s = retry_s
         self._fleet: dict[str, HostAssignment] | None = None
@@ -122,6 +129,9 @@ class FleetView:
                 await asyncio.sleep(self._retry_s)
 
     async def _watch_for_a_while(self) -> None:
+        if self._kv is None:
+            assert self._bind is not None
+            self._kv = await self._bind()
         watcher = await self._kv.watch(_HOST_KEYS)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._resync_s

@@ -113,7 +113,7 @@ class FleetMonitor:
         for host in fleet:
             self._hosts.setdefault(host, _HostLiveness(last_seen=now))
         published: list[TenantEvent] = []
-        for host, state in self._hosts.items():
+        for host, state in list(self._hosts.items()):  # heartbeats may add hosts while we await the sink
             if now - state.last_seen <= self.silence_limit_s:
                 continue
             if not state.down:

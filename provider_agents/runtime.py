@@ -3,7 +3,8 @@
 Both processes connect in the provider's NATS account with the user key derived from the provider secret
 (`ProviderKeys(secret).provider`), the same identity the control plane uses, and reconnect forever: an agent outlives
 broker restarts, and its publisher holds events (bounded) until the broker is back. Connecting at start-up also
-retries forever, so agents may start before the broker.
+retries forever, so agents may start before the broker; binding the desired-state bucket is retried by the mirror
+itself, so heartbeats start as soon as the connection is up, even while JetStream is not.
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
-
 import nats
 from nats.aio.client import Client
 
@@ -25,16 +24,13 @@ from provider_agents.agent import Agent, AgentConfig
 from provider_agents.changes import DEFAULT_CARBON_EVERY
 from provider_agents.desired import FleetView, ensure_desired_state_bucket
 from provider_agents.fleet_monitor import FleetMonitor
-from provider_agents.publisher import Backoff, CoreSink, JetStreamPublisher
+from provider_agents.publisher import CoreSink, JetStreamPublisher
 from provider_agents.telemetry.detect import SourceKind, detect_source
 from provider_agents.telemetry.scenario import load_scenario
 
 __all__ = ["AgentOptions", "MonitorOptions", "SettingsError", "connect_provider", "run_agent", "run_fleet_monitor"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
 
 class SettingsError(ValueError):
     """Configuration the process cannot run with; the message names the variable."""
@@ -91,17 +87,6 @@ async def connect_provider(servers: str | Sequence[str], secret: bytes, *, name:
     )
 
 
-async def _retry_forever(what: str, attempt: Callable[[], Awaitable[T]], backoff: Backoff = Backoff()) -> T:
-    tries = 0
-    while True:
-        tries += 1
-        try:
-            return await attempt()
-        except Exception as exc:  # JetStream not ready yet, leader election, ...
-            log.warning("%s failed (attempt %d), retrying: %r", what, tries, exc)
-            await asyncio.sleep(backoff.delay(tries))
-
-
 def _stop_on_signals(stop: Callable[[], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -127,10 +112,8 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
     log.info("host %s: telemetry from %s, group %s", options.host, type(source).__name__, source.locality_group)
     nc = await connect_provider(settings.nats_url, secret, name=f"hz-agent-{options.host}")
     publisher = JetStreamPublisher(nc.jetstream(), max_pending=options.max_pending)
-    fleet: FleetView | None = None
+    fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream()))
     try:
-        kv = await _retry_forever("binding the desired-state bucket", lambda: ensure_desired_state_bucket(nc.jetstream()))
-        fleet = FleetView(kv)
         fleet.start()
         publisher.start()
         agent = Agent(
@@ -144,8 +127,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         _stop_on_signals(agent.stop)
         await agent.run()
     finally:
-        if fleet is not None:
-            await fleet.stop()
+        await fleet.stop()
         await publisher.close()
         await nc.close()
 
@@ -155,17 +137,14 @@ async def run_fleet_monitor(settings: Settings, options: MonitorOptions) -> None
     secret = provider_secret(settings)
     nc = await connect_provider(settings.nats_url, secret, name="hz-fleet-monitor")
     publisher = JetStreamPublisher(nc.jetstream())
-    fleet: FleetView | None = None
+    fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream()))
     try:
-        kv = await _retry_forever("binding the desired-state bucket", lambda: ensure_desired_state_bucket(nc.jetstream()))
-        fleet = FleetView(kv)
         fleet.start()
         publisher.start()
         monitor = FleetMonitor(desired=fleet, sink=publisher, secret=secret, check_interval_s=options.check_interval_s)
         _stop_on_signals(monitor.stop)
         await monitor.run(nc)
     finally:
-        if fleet is not None:
-            await fleet.stop()
+        await fleet.stop()
         await publisher.close()
         await nc.close()

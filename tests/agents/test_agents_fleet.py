@@ -70,6 +70,27 @@ async def test_an_empty_bucket_is_loaded_as_an_empty_fleet(kv: KeyValue) -> None
         await view.stop()
 
 
+async def test_fleet_view_keeps_trying_to_bind_the_bucket(kv: KeyValue) -> None:
+    """A process whose JetStream is not ready yet starts anyway; its view loads once the bucket can be bound."""
+    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
+    attempts = 0
+
+    async def bind() -> KeyValue:
+        nonlocal attempts
+        attempts += 1
+        if attempts < 3:
+            raise TimeoutError("JetStream not ready")
+        return kv
+
+    view = FleetView(bind, retry_s=0.01)
+    view.start()
+    try:
+        await eventually(lambda: view.assignment("h1") is not None, what="the view after two failed binds")
+        assert attempts == 3
+    finally:
+        await view.stop()
+
+
 SCENARIO = parse_scenario(
     {
         "hosts": {

@@ -13,6 +13,7 @@ from harmonaize.pseudonyms import host_pseudonym
 from provider_agents.agent import Agent, AgentConfig, AgentState
 from provider_agents.changes import ChangeTracker
 from provider_agents.clock import ManualClock
+from provider_agents.projection import project
 from provider_agents.telemetry import CarbonReading, FailureSignal, LinkCongestion, RawFailureKind, SimulatedHost, parse_scenario
 from tests.agents.fakes import (
     START,
@@ -187,8 +188,6 @@ async def test_run_ticks_and_beats_on_the_agents_clock_until_stopped() -> None:
 
 
 def test_tracker_refreshes_carbon_every_n_ticks() -> None:
-    from provider_agents.projection import project
-
     tracker = ChangeTracker(carbon_every=3)
     published = []
     for tick, g in enumerate([300.0, 300.0, 300.0, 300.0, 250.0, 250.0]):
