@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from tenant_controllers.errors import PermanentError, TemporaryError
 from tenant_controllers.handlers import RetryPolicy
@@ -93,6 +93,3 @@ async def _sleep_unless_stopped(delay: float, stop: asyncio.Event) -> None:
         return
     raise Interrupted()
 
-
-def describe_outcome(outcome: Any) -> str:
-    return outcome.describe() if isinstance(outcome, GaveUp) else repr(outcome)
