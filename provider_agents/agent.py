@@ -5,12 +5,12 @@ state, and let one branch per state decide what to do. Observing is the only thi
 on the way in, so tests script the observations (a telemetry source returning HEALTHY, HEALTHY, GPU ERROR; a desired
 state that is missing, then assigns a job, then removes it) and call `step()` directly with a manual clock.
 
-| observed state  | meaning                                         | what the agent does                                 |
-|-----------------|-------------------------------------------------|-----------------------------------------------------|
-| `waiting`       | the desired state has not been loaded yet       | nothing: it cannot know whose jobs run here         |
-| `idle`          | no tenant job is placed on this host            | forget what tenants were told (no one to tell)      |
-| `assigned`      | tenant jobs run here                            | project telemetry per tenant job, publish changes   |
-| `source_failed` | the telemetry source raised this tick           | count it, keep running; next tick tries again       |
+| observed state  | meaning                                   | what the agent does                               |
+|-----------------|-------------------------------------------|---------------------------------------------------|
+| `waiting`       | the desired state has not been loaded yet | nothing: it cannot know whose jobs run here       |
+| `idle`          | no tenant job is placed on this host      | forget what tenants were told (no one to tell)    |
+| `assigned`      | tenant jobs run here                      | project telemetry per tenant job, publish changes |
+| `source_failed` | the telemetry source raised this tick     | count it, keep running; next tick tries again     |
 
 Level-triggered: each tick reads the current desired state from the `FleetView` mirror and projects the current
 telemetry; nothing depends on having seen an earlier update, so a restarted agent converges to the same place

@@ -69,13 +69,17 @@ def agent(
     locality_group: Annotated[
         Optional[str], typer.Option(help="Locality group (default: the scenario's, else 'default').")
     ] = None,
-    gpus: Annotated[Optional[int], typer.Option(help="Simulated GPUs (default: the scenario's, else 8).", min=0, max=64)] = None,
+    gpus: Annotated[
+        Optional[int], typer.Option(help="Simulated GPUs (default: the scenario's, else 8).", min=0, max=64)
+    ] = None,
     region: Annotated[Optional[str], typer.Option(help="Grid zone for carbon (default US-CAL-CISO).")] = None,
     scenario: Annotated[Optional[Path], typer.Option(help="Scenario YAML for the simulated host.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Simulator seed (default: the scenario's, else 0).")] = None,
     source: Annotated[SourceKind, typer.Option(help="Telemetry source.")] = SourceKind.AUTO,
     tick: Annotated[float, typer.Option(help="Seconds between telemetry samples.", min=0.01)] = 1.0,
-    carbon_every: Annotated[int, typer.Option(help="Re-send carbon every N ticks even unchanged.", min=1)] = DEFAULT_CARBON_EVERY,
+    carbon_every: Annotated[
+        int, typer.Option(help="Re-send carbon every N ticks even unchanged.", min=1)
+    ] = DEFAULT_CARBON_EVERY,
     nats_url: Annotated[Optional[str], typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:

@@ -7,13 +7,15 @@ reconnect can be silently lost (NOTES.md); a JetStream publish without an ack is
 the stream's duplicate window; consumers also dedup by id, since delivery is at-least-once).
 
 Between the agent and the broker sits a bounded queue. When the broker is away the queue fills and `submit` waits:
-the agent's sampling loop slows down instead of buffering without limit (back-pressure), and since the agent sends
-only changes, what it publishes after the outage is the state of the world then, not a backlog. One worker publishes
-in order, so a tenant sees a job's congestion rise and fall in the order it happened.
+the agent's sampling loop stops instead of buffering without limit (back-pressure). The backlog is at most the queue;
+once it drains, the next tick compares the world with what tenants were last told and sends only the difference, so
+an outage costs a bounded delay, not a flood. One worker publishes in order, so a tenant sees a job's congestion rise
+and fall in the order it happened. (Heartbeats run in their own loop and keep going meanwhile: see `agent.py`.)
 
-A request that the server refuses as malformed (JetStream 400, or larger than max_payload) can never succeed and is dropped with an error log;
-everything else (timeouts, no responders while a stream leader moves, disconnects) is retried for as long as the
-publisher runs.
+A request that the server refuses as malformed (JetStream 400, or larger than max_payload) can never succeed and is
+dropped with an error log; everything else (timeouts, no responders while a stream leader moves, disconnects) is
+retried for as long as the publisher runs. A tenant whose stream does not exist yet gets "no responders", which is
+retried too and holds back the events behind it: the control plane creates a tenant's stream before placing its jobs.
 
 Heartbeats and raw telemetry are different: they are superseded by the next one within seconds, so `CoreSink` sends
 them with a plain core publish and drops them when the connection cannot take them.

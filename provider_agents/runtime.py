@@ -68,7 +68,7 @@ async def connect_provider(servers: str | Sequence[str], secret: bytes, *, name:
         log.info("%s: broker connection: %r", name, exc)
 
     async def on_disconnect() -> None:
-        log.warning("%s: disconnected from the broker; reconnecting", name)
+        log.warning("%s: connection to the broker lost or closed", name)
 
     async def on_reconnect() -> None:
         log.info("%s: reconnected to the broker", name)

@@ -72,9 +72,10 @@ class NvmlHost:
             gpus.append(sample)
             for kind, reason in problems:
                 detected = self._first_seen.setdefault((index, kind, reason), now)
-                failures.append(
-                    FailureSignal(kind=kind, gpu_index=index, component=sample.serial, detected_at=detected, reason=reason)
+                signal = FailureSignal(
+                    kind=kind, gpu_index=index, component=sample.serial, detected_at=detected, reason=reason
                 )
+                failures.append(signal)
         current = {(f.gpu_index, f.kind, f.reason) for f in failures}
         self._first_seen = {key: at for key, at in self._first_seen.items() if key in current}
         return HostTelemetry(

@@ -14,7 +14,14 @@ from provider_agents.agent import Agent, AgentConfig, AgentState
 from provider_agents.changes import ChangeTracker
 from provider_agents.clock import ManualClock
 from provider_agents.projection import project
-from provider_agents.telemetry import CarbonReading, FailureSignal, LinkCongestion, RawFailureKind, SimulatedHost, parse_scenario
+from provider_agents.telemetry import (
+    CarbonReading,
+    FailureSignal,
+    LinkCongestion,
+    RawFailureKind,
+    SimulatedHost,
+    parse_scenario,
+)
 from tests.agents.fakes import (
     START,
     RecordingRawSink,
@@ -39,7 +46,9 @@ def _peer_for_which_h1_reports() -> str:
 PEER = _peer_for_which_h1_reports()
 
 
-def _agent(script: list[Any], desired: StaticDesiredState, **config: Any) -> tuple[Agent, RecordingSink, RecordingRawSink]:
+def _agent(
+    script: list[Any], desired: StaticDesiredState, **config: Any
+) -> tuple[Agent, RecordingSink, RecordingRawSink]:
     sink, raw = RecordingSink(), RecordingRawSink()
     agent = Agent(
         AgentConfig(host="h1", **config),
@@ -144,7 +153,8 @@ async def test_carbon_goes_out_on_change_and_every_n_ticks() -> None:
         return CarbonReading(region="US-CAL-CISO", g_per_kwh=g, observed_at=START)
 
     values = [300.0, 300.0, 300.0, 250.0, 250.0, 250.0, 250.0, 250.0]
-    agent, sink, _ = _agent([_at(i, carbon=carbon(g)) for i, g in enumerate(values)], StaticDesiredState({"h1": TRAIN}), carbon_every=3)
+    script = [_at(i, carbon=carbon(g)) for i, g in enumerate(values)]
+    agent, sink, _ = _agent(script, StaticDesiredState({"h1": TRAIN}), carbon_every=3)
     await _steps(agent, len(values))
     published = [item.event.data.g_per_kwh for item in sink.items if item.kind == "carbon"]
     assert published == [300.0, 250.0, 250.0]  # first tick, the change at tick 4, the refresh 3 ticks later

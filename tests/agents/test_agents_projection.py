@@ -105,7 +105,8 @@ def test_intra_group_congestion_reaches_only_jobs_with_two_hosts_in_that_group()
 
 
 def test_inter_group_congestion_reaches_only_jobs_spanning_both_groups() -> None:
-    events = _of(_everywhere(links=(_link("spine-1", "g1", "g2", slowdown=5.0), _link("spine-9", "g2", "g3"))), "congestion")
+    links = (_link("spine-1", "g1", "g2", slowdown=5.0), _link("spine-9", "g2", "g3"))
+    events = _of(_everywhere(links=links), "congestion")
     assert [(e.tenant, e.job) for e in events] == [("acme", "train")]
     data = events[0].event.data
     assert data.scope is CongestionScope.INTER_GROUP and data.level is CongestionLevel.SEVERE
@@ -176,7 +177,8 @@ def test_maintenance_ids_are_per_tenant_and_list_only_this_host() -> None:
         not_after=START + timedelta(hours=2),
         early_approval=True,
     )
-    events = _of(list(project(telemetry("h3", "g2", maintenance=(notice,)), FLEET["h3"], SECRET, fleet=FLEET)), "maintenance")
+    projected = project(telemetry("h3", "g2", maintenance=(notice,)), FLEET["h3"], SECRET, fleet=FLEET)
+    events = _of(list(projected), "maintenance")
     assert sorted(e.tenant for e in events) == ["acme", "globex"]
     ids = {e.tenant: e.event.data.notice_id for e in events}
     assert ids == {t: notice_pseudonym(SECRET, t, "CHG-2025-0042 rack a3") for t in ("acme", "globex")}
@@ -214,7 +216,8 @@ def test_every_event_is_a_valid_cloudevent_on_its_tenants_subject() -> None:
     assert events
     for item in events:
         parsed = parse_event(item.event.to_json_bytes())
-        assert parsed.subject == item.job and item.subject == tenant_event_subject(item.tenant, parsed.data.KIND, item.job)
+        assert parsed.subject == item.job
+        assert item.subject == tenant_event_subject(item.tenant, parsed.data.KIND, item.job)
 
 
 def test_host_down_names_the_host_by_each_tenants_pseudonym() -> None:
@@ -227,7 +230,8 @@ def test_host_down_names_the_host_by_each_tenants_pseudonym() -> None:
 
 
 def test_capacity_is_bucketed_per_group_pseudonym() -> None:
-    capacity = capacity_view("acme", SECRET, free_gpus_by_group={"g1": 0, "g2": 5, "g3": 40}, max_workers=3, as_of=START)
+    free = {"g1": 0, "g2": 5, "g3": 40}
+    capacity = capacity_view("acme", SECRET, free_gpus_by_group=free, max_workers=3, as_of=START)
     assert {g.group: g.free_gpus for g in capacity.groups} == {
         locality_pseudonym(SECRET, "acme", "g1"): Availability.NONE,
         locality_pseudonym(SECRET, "acme", "g2"): Availability.SOME,
@@ -249,8 +253,12 @@ _PSEUDONYM_RE = re.compile(r"\b[hgm]-[0-9a-f]{16}\b")
 
 _reason = st.none() | st.sampled_from(["xid_79", "thermal"]) | _internal | _internal.map(lambda s: s + "_xid_1")
 _host_raw = st.tuples(
-    st.lists(st.tuples(_internal, st.lists(st.integers(0, 2), min_size=1, max_size=2), st.floats(1.0, 200.0)), max_size=4),
-    st.lists(st.tuples(st.sampled_from(list(RawFailureKind)), st.none() | st.integers(0, 7), _internal, _reason), max_size=3),
+    st.lists(
+        st.tuples(_internal, st.lists(st.integers(0, 2), min_size=1, max_size=2), st.floats(1.0, 200.0)), max_size=4
+    ),
+    st.lists(
+        st.tuples(st.sampled_from(list(RawFailureKind)), st.none() | st.integers(0, 7), _internal, _reason), max_size=3
+    ),
     st.lists(st.tuples(_internal, st.sampled_from(list(MaintenanceKind))), max_size=2),
     st.lists(_internal, min_size=1, max_size=3),
 )
@@ -313,7 +321,8 @@ def fleets(draw: st.DrawFn) -> dict[str, object]:
             host,
             fleet[host].locality_group,
             gpus=tuple(
-                GpuSample(index=i, serial=s, power_w=400.0, utilization=0.5, memory_gib=40.0) for i, s in enumerate(serials)
+                GpuSample(index=i, serial=serial, power_w=400.0, utilization=0.5, memory_gib=40.0)
+                for i, serial in enumerate(serials)
             ),
             links=tuple(links),
             failures=tuple(failures),
@@ -350,7 +359,8 @@ def test_no_internal_name_and_no_other_tenants_data_in_any_tenant_event(world: d
         text = item.event.to_json_bytes().decode() + " " + item.subject
         leaked = [name for name in names if name in text]
         assert not leaked, f"internal names {leaked} in {text}"
-        foreign = [t for t in tenants if t != item.tenant and t in text] + [j for _, j in jobs if j != item.job and j in text]
+        foreign = [t for t in tenants if t != item.tenant and t in text]
+        foreign += [j for _, j in jobs if j != item.job and j in text]
         assert not foreign, f"other tenants' ids or jobs {foreign} in {item.tenant}'s {text}"
         assert item.subject == tenant_event_subject(item.tenant, item.event.data.KIND, item.job)
         assert item.event.subject == item.job

@@ -33,7 +33,9 @@ SCENARIO = parse_scenario(
         ],
         "failures": [{"host": "h1", "at": "2s", "kind": "gpu_error", "gpu": 3, "reason": "xid_79", "duration": "2s"}],
         "predicted_failures": [{"host": "h1", "at": "1s", "eta": "5s", "confidence": 0.9, "gpu": 0}],
-        "maintenance": [{"host": "h1", "notice": "tkt-1", "kind": "reboot", "announce": "1s", "start": "3s", "end": "4s"}],
+        "maintenance": [
+            {"host": "h1", "notice": "tkt-1", "kind": "reboot", "announce": "1s", "start": "3s", "end": "4s"}
+        ],
         "carbon": {"US-CAL-CISO": {"speedup": 3600}},
     }
 )
@@ -69,7 +71,8 @@ def test_samples_do_not_depend_on_call_history() -> None:
 
 
 def test_the_scenario_unfolds_on_the_clock() -> None:
-    at = {t: s for t, s in zip([0.5, 1.5, 2.5, 3.5, 4.5, 5.5], _run("h1", seed=0, times=[0.5, 1.5, 2.5, 3.5, 4.5, 5.5]))}
+    times = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]
+    at = dict(zip(times, _run("h1", seed=0, times=times)))
     assert at[0.5].failures == () and at[0.5].maintenance == () and at[0.5].links == ()
     predicted = [f for f in at[1.5].failures if f.kind is RawFailureKind.PREDICTED_FAILURE]
     assert predicted and predicted[0].eta == START + timedelta(seconds=5) and predicted[0].confidence == 0.9
@@ -112,7 +115,8 @@ def test_trace_replay_speed_and_start_hour() -> None:
 
 
 def test_step_curves_hold_until_the_next_point() -> None:
-    scenario = parse_scenario({"carbon": {"DE": {"points": [{"at": "0s", "g_per_kwh": 380}, {"at": "4s", "g_per_kwh": 210}]}}})
+    points = [{"at": "0s", "g_per_kwh": 380}, {"at": "4s", "g_per_kwh": 210}]
+    scenario = parse_scenario({"carbon": {"DE": {"points": points}}})
     clock = ManualClock(START)
     sim = SimulatedHost("h1", scenario=scenario, region="DE", clock=clock)
     first = sim.sample().carbon
