@@ -86,7 +86,11 @@ def create_app(
             app.state.engine = engine
             app.state.sessionmaker = sessionmaker
             relay = None if bus is None else OutboxRelay(
-                sessionmaker, bus, poll_interval=runtime.relay_poll_interval_s, clock=runtime.clock
+                sessionmaker,
+                bus,
+                poll_interval=runtime.relay_poll_interval_s,
+                backoff_max=runtime.relay_backoff_max_s,
+                clock=runtime.clock,
             )
             app.state.relay = relay
             wake = relay.wake if relay is not None else (lambda: None)

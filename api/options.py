@@ -29,6 +29,7 @@ class NegotiationOptions:
     known_regions: tuple[str, ...] = ()
     sweep_interval_s: float = 1.0
     relay_poll_interval_s: float = 0.25
+    relay_backoff_max_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class NegotiationRuntime:
     known_regions: tuple[str, ...]
     sweep_interval_s: float
     relay_poll_interval_s: float
+    relay_backoff_max_s: float
 
     @classmethod
     def resolve(cls, options: NegotiationOptions) -> NegotiationRuntime:
@@ -60,6 +62,7 @@ class NegotiationRuntime:
             known_regions=options.known_regions or (region,),
             sweep_interval_s=options.sweep_interval_s,
             relay_poll_interval_s=options.relay_poll_interval_s,
+            relay_backoff_max_s=options.relay_backoff_max_s,
         )
 
     def context(self) -> NegotiationContext:

@@ -149,4 +149,7 @@ class NatsProviderBus:
         async with self._lock:
             client, self._client, self._kv = self._client, None, None
         if client is not None and not client.is_closed:
-            await client.close()
+            try:
+                await client.close()
+            except (ConnectionError, OSError) as exc:  # the connection was already lost: nothing left to flush
+                _log.debug("closing a lost broker connection: %r", exc)

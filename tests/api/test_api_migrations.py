@@ -6,6 +6,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from api import migrate
 from api.app import create_app
@@ -15,7 +16,9 @@ from api.models import Base
 from harmonaize.settings import Settings
 from tests.api.api_memory_broker import InMemoryBroker
 
-OUR_TABLES = {"tenants", "jobs", "hosts", "allocations"}
+OUR_TABLES = {
+    "tenants", "jobs", "hosts", "allocations", "negotiations", "negotiation_rounds", "idempotency_keys", "outbox",
+}
 
 
 async def _tables(settings: Settings) -> set[str]:
@@ -102,6 +105,47 @@ async def test_migrations_keep_data_and_refuse_to_invent_it(empty_settings: Sett
     await migrate.downgrade_async(empty_settings, "0001")
     assert await migrate.current_async(empty_settings) == "0001"
     assert await _execute(empty_settings, "SELECT id, batch_size_min FROM jobs") == [("old", 8)]
+
+
+def _allocation_row(allocation_id: str, job_id: str, gpus: int, released: bool = False) -> str:
+    released_at = "CURRENT_TIMESTAMP" if released else "NULL"
+    return (
+        "INSERT INTO allocations (id, tenant_id, job_id, host_id, gpus, created_at, released_at) "
+        f"VALUES ('{allocation_id}', 'acme', '{job_id}', 'h1', {gpus}, CURRENT_TIMESTAMP, {released_at})"
+    )
+
+
+async def test_0003_sizes_existing_jobs_from_their_allocations_and_refuses_partial_workers(
+    empty_settings: Settings,
+) -> None:
+    """Jobs placed before 0003 get desired_workers from their live allocations; a job whose allocations are not
+    whole workers within max_workers (possible before 0003) stops the upgrade, named, with nothing changed."""
+    await migrate.upgrade_async(empty_settings, "0002")
+    await _execute(
+        empty_settings,
+        _TENANT_ROW,
+        _job_row("placed", "8, 64"),
+        _job_row("empty", "8, 64"),
+        "INSERT INTO hosts (id, gpus, locality_group, allocated_gpus, created_at) "
+        "VALUES ('h1', 8, 'rack-a', 5, CURRENT_TIMESTAMP)",
+        _allocation_row("a1", "placed", 1),
+        _allocation_row("a2", "placed", 1),
+        _allocation_row("a3", "placed", 3, released=True),
+        "UPDATE jobs SET gpus_per_worker = 2 WHERE id = 'empty'",
+        _allocation_row("a4", "empty", 3),
+    )
+    with pytest.raises(RuntimeError, match="acme/empty"):
+        await migrate.upgrade_async(empty_settings)
+    assert await migrate.current_async(empty_settings) == "0002"
+
+    await _execute(empty_settings, "UPDATE allocations SET gpus = 2 WHERE id = 'a4'")
+    await migrate.upgrade_async(empty_settings)
+    rows = await _execute(empty_settings, "SELECT id, desired_workers, allocated_gpus FROM jobs ORDER BY id")
+    assert rows == [("empty", 1, 2), ("placed", 2, 2)]
+    with pytest.raises(IntegrityError):
+        await _execute(empty_settings, "UPDATE jobs SET desired_workers = 3 WHERE id = 'placed'")
+    await migrate.downgrade_async(empty_settings, "0002")
+    assert await _execute(empty_settings, "SELECT count(*) FROM allocations") == [(4,)]
 
 
 def test_sync_helpers_work_inside_a_running_loop_and_out(sqlite_settings: Settings) -> None:
