@@ -25,6 +25,19 @@ app.add_typer(db_app, name="db")
 app.add_typer(tenants_app, name="tenants")
 
 
+def _register_parts() -> None:
+    """Commands that live with the part they run: the host agent and fleet monitor, the tenant controller runner."""
+    from provider_agents.cli import agent, fleet_monitor
+    from tenant_controllers.cli import app as controller_app
+
+    app.command("agent")(agent)
+    app.command("fleet-monitor")(fleet_monitor)
+    app.add_typer(controller_app, name="controller")
+
+
+_register_parts()
+
+
 def fail(message: str, *, code: int = 1) -> NoReturn:
     typer.echo(f"harmonaize: {message}", err=True)
     raise typer.Exit(code)
