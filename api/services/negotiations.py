@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.models import Host, Job, Negotiation
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
-from api.services.errors import InsufficientCapacityError, InvalidRequestError, NotFoundError
+from api.services.errors import ConflictError, InsufficientCapacityError, InvalidRequestError, NotFoundError
 from api.services.host_assignments import job_hosts, write_host_assignments
 from api.services.idempotency import StoredResponse
 from api.services.ledger import change_job_workers, place_workers, release_workers
@@ -51,6 +51,10 @@ from api.services.negotiation_store import (
 )
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
+
+
+MAX_ROUNDS = 100
+"""Counters allowed per negotiation: a controller stuck in a loop ends here instead of growing history forever."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,8 @@ async def counter(
         negotiation = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.COUNTER, now=ctx.now
         )
+        if negotiation.round >= MAX_ROUNDS:
+            raise ConflictError(f"negotiation has reached {MAX_ROUNDS} rounds: accept, reject or start a new one")
         job = await _job(session, tenant_id, negotiation.job_id)
         state, values, note = await _answer(session, job, negotiation.kind, terms, ctx)
         round_number = negotiation.round + 1

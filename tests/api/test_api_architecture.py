@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import api
@@ -51,3 +53,13 @@ def test_modules_stay_small() -> None:
         if (lines := len(path.read_text().splitlines())) > 400
     }
     assert too_long == {}
+
+
+def test_the_negotiation_policy_is_a_pure_function_module() -> None:
+    """The policy and its forecast import no database or web framework, even indirectly."""
+    probe = (
+        "import sys, api.services.negotiation_policy, api.services.carbon_forecast;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'fastapi', 'starlette', 'nats'}))"
+    )
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert completed.stdout.strip() == "[]"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.db import make_engine, make_sessionmaker
-from api.models import Allocation, Host
+from api.models import Allocation, Host, Job
 from api.schemas import JobCreate
 from api.services import hosts, jobs, ledger
 from api.services.errors import ConflictError, InsufficientCapacityError, NotFoundError
@@ -165,3 +166,42 @@ async def test_release_over_http(client: httpx.AsyncClient, acme: TenantHandle) 
 
     hosts_now = (await client.get("/v1/hosts", headers=ADMIN)).json()
     assert hosts_now[0]["allocated_gpus"] == 0
+
+
+async def test_new_workers_join_the_jobs_hosts_then_its_group_and_shrinking_drops_the_newest(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A job on h-b1 grows: h-b1 first (same host), then, rack-b being full, the roomiest other group's host."""
+    async with sessions() as session:
+        await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=1, host_id="h-b1")
+    start = datetime.now(UTC) + timedelta(hours=1)
+    async with sessions() as session:
+        job = await session.get(Job, ("acme", "train"))
+        assert job is not None and job.desired_workers == 1
+        await ledger.change_job_workers(session, job, 3, expected_workers=1)
+        placed = []
+        for step in range(3):
+            placed += await ledger.place_workers(session, job, 1, now=start + timedelta(seconds=step))
+        await session.commit()
+    assert [p.allocation.host_id for p in placed] == ["h-b1", "h-a1", "h-a1"]
+
+    async with sessions() as session:
+        job = await session.get(Job, ("acme", "train"), populate_existing=True)
+        assert job is not None and job.desired_workers == 4
+        await ledger.change_job_workers(session, job, -2, expected_workers=4)
+        touched = await ledger.release_workers(session, job, 2, now=start + timedelta(minutes=1))
+        await session.commit()
+    assert touched == {"h-a1"}, "the two newest workers"
+    assert sorted((p.allocation.host_id, p.allocation.gpus) for p in await _placements(sessions)) == [
+        ("h-b1", 1), ("h-b1", 1)
+    ]
+    assert await _ledger_totals(sessions) == (2, 2)
+    async with sessions() as session:
+        job = await session.get(Job, ("acme", "train"))
+        with pytest.raises(ConflictError, match="changed meanwhile"):
+            await ledger.change_job_workers(session, job, 1, expected_workers=3)  # type: ignore[arg-type]
+
+
+async def _placements(maker: async_sessionmaker[AsyncSession]) -> list[ledger.Placement]:
+    async with maker() as session:
+        return await ledger.list_placements(session, tenant_id="acme", job_id="train")
