@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -54,6 +55,11 @@ def _negotiation_context(request: Request) -> NegotiationContext:
     return runtime.context()
 
 
+def _now(request: Request) -> datetime:
+    runtime: NegotiationRuntime = request.app.state.negotiation
+    return runtime.clock()
+
+
 def _wake_relay(request: Request) -> Callable[[], None]:
     relay = request.app.state.relay
     return relay.wake if relay is not None else (lambda: None)
@@ -62,6 +68,8 @@ def _wake_relay(request: Request) -> Callable[[], None]:
 SessionDep = Annotated[AsyncSession, Depends(_session)]
 NegotiationContextDep = Annotated[NegotiationContext, Depends(_negotiation_context)]
 """The time of this request and the policy's inputs (clock, forecast, regions, offer lifetime)."""
+NowDep = Annotated[datetime, Depends(_now)]
+"""The app's clock (the one negotiations use), for every ledger change: one time line for the whole ledger."""
 WakeRelayDep = Annotated[Callable[[], None], Depends(_wake_relay)]
 """Call after committing outbox rows, so the relay publishes them now rather than at its next poll."""
 SettingsDep = Annotated[Settings, Depends(_settings)]

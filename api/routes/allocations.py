@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import AdminDep, SessionDep, WakeRelayDep
+from api.deps import AdminDep, NowDep, SessionDep, WakeRelayDep
 from api.schemas import AllocationCreate, AllocationId, AllocationPublic
 from api.services import ledger
 from harmonaize.ids import JobId, TenantId
@@ -30,7 +30,7 @@ def _public(placement: ledger.Placement) -> AllocationPublic:
 
 @router.post("/allocations", status_code=201)
 async def allocate(
-    body: AllocationCreate, _admin: AdminDep, session: SessionDep, wake: WakeRelayDep
+    body: AllocationCreate, _admin: AdminDep, session: SessionDep, now: NowDep, wake: WakeRelayDep
 ) -> AllocationPublic:
     """Grant GPUs (whole workers) to a job; 409 when no host in scope has room or the job is at its max_workers."""
     placement = await ledger.allocate(
@@ -40,6 +40,7 @@ async def allocate(
         gpus=body.gpus,
         host_id=body.host_id,
         locality_group=body.locality_group,
+        now=now,
     )
     wake()
     return _public(placement)
@@ -61,9 +62,9 @@ async def list_allocations(
 
 @router.delete("/allocations/{allocation_id}")
 async def release(
-    allocation_id: AllocationId, _admin: AdminDep, session: SessionDep, wake: WakeRelayDep
+    allocation_id: AllocationId, _admin: AdminDep, session: SessionDep, now: NowDep, wake: WakeRelayDep
 ) -> AllocationPublic:
     """Return an allocation's GPUs to its host and job; 409 if it was already released."""
-    placement = await ledger.release(session, allocation_id)
+    placement = await ledger.release(session, allocation_id, now=now)
     wake()
     return _public(placement)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import CurrentTenant, PseudonymSecretDep, SessionDep, WakeRelayDep
+from api.deps import CurrentTenant, NowDep, PseudonymSecretDep, SessionDep, WakeRelayDep
 from api.schemas import JobCreate, JobPublic, TenantAllocationPublic
 from api.services import jobs as service
 from api.services.ledger import list_placements
@@ -17,9 +17,11 @@ router = APIRouter(tags=["jobs"])
 
 
 @router.post("/jobs", status_code=201)
-async def create_job(body: JobCreate, tenant: CurrentTenant, session: SessionDep, wake: WakeRelayDep) -> JobPublic:
+async def create_job(
+    body: JobCreate, tenant: CurrentTenant, session: SessionDep, now: NowDep, wake: WakeRelayDep
+) -> JobPublic:
     """Create a job; with `initial_workers`, place them too (all or 409, and then no job)."""
-    job = await service.create_job(session, tenant_id=tenant.id, spec=body)
+    job = await service.create_job(session, tenant_id=tenant.id, spec=body, now=now)
     wake()
     return JobPublic.from_model(job)
 
