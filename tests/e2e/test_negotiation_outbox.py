@@ -17,7 +17,7 @@ import httpx
 import nats
 import pytest
 from fastapi import FastAPI
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
 
 from api.app import create_app
 from api.migrate import upgrade_async
@@ -95,9 +95,14 @@ async def stream_events(broker: NatsTenantBroker, subject: str) -> list[Any]:
 
 
 async def desired(broker: NatsTenantBroker, key: str) -> HostAssignment:
+    """The key's current value; checks the bucket is what agents expect (file storage, history of at least 5)."""
     provider = await broker.provider_connection()
     try:
-        entry = await (await provider.jetstream().key_value(DESIRED_STATE_BUCKET)).get(key)
+        js = provider.jetstream()
+        bucket = await js.key_value(DESIRED_STATE_BUCKET)
+        assert (await bucket.status()).history >= 5
+        assert (await js.stream_info(f"KV_{DESIRED_STATE_BUCKET}")).config.storage == StorageType.FILE
+        entry = await bucket.get(key)
         assert entry.value is not None
         return HostAssignment.model_validate_json(entry.value)
     finally:
