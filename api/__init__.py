@@ -13,8 +13,3 @@ The API never imports `provider_agents` or `tenant_controllers`; it reaches the 
 given: `broker_config.accounts.TenantBroker` (tenant accounts) and `broker_config.provider_bus.ProviderBus` (events
 and desired state, published by the outbox relay).
 """
-
-# `harmonaize.negotiation` and `harmonaize.events` import each other; imported first, `harmonaize.negotiation` fails
-# (the events registry needs its enums while it is still half-initialised). Loading the events package first, once,
-# here, makes every `api` module safe to import on its own, in any order.
-import harmonaize.events  # noqa: E402,F401

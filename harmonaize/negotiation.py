@@ -22,7 +22,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harmonaize.events.fields import UtcDatetime
+from harmonaize.times import UtcDatetime
 from harmonaize.ids import JobId
 from harmonaize.jobs import ParallelPlan
 
