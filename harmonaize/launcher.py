@@ -24,13 +24,17 @@ from pydantic import SecretStr
 
 from api.app import create_app
 from api.migrate import upgrade_async
+from api.options import NegotiationOptions
 from broker_config.keys import ProviderKeys
+from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import render_accounts
 from broker_config.server import NatsServer, PortInUseError, port_is_free
 from harmonaize.settings import Settings
 
 DEMO_TENANT = "demo"
+CARBON_SPEEDUP = 60.0
+"""The local cloud replays the shipped carbon trace 60x faster than real time (an hour of grid data per minute)."""
 
 
 class LocalCloudError(RuntimeError):
@@ -145,6 +149,7 @@ async def run_local_cloud(
     server = NatsServer(
         settings.data_dir / "broker", accounts_text=render_accounts(ProviderKeys(secret), []), port=nats_port
     )
+    bus: NatsProviderBus | None = None
     try:
         await upgrade_async(settings)
         try:
@@ -154,7 +159,13 @@ async def run_local_cloud(
         broker = NatsTenantBroker(
             servers=[server.url], provider_secret=secret, accounts_file=server.accounts_file, reload=server.reload
         )
-        app = create_app(settings.model_copy(update={"nats_url": server.url}), broker=broker)
+        bus = NatsProviderBus([server.url], provider_secret=secret)
+        app = create_app(
+            settings.model_copy(update={"nats_url": server.url}),
+            broker=broker,
+            bus=bus,
+            negotiation=NegotiationOptions(carbon_speedup=CARBON_SPEEDUP),
+        )
         api = uvicorn.Server(
             uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="on")
         )
@@ -184,5 +195,7 @@ async def run_local_cloud(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if bus is not None:
+            await bus.close()
         await asyncio.to_thread(server.stop)
         lock.close()
