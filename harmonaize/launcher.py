@@ -182,7 +182,12 @@ async def run_local_cloud(
         _write_private(
             admin_env,
             _env_file(
-                {"HZ_API_URL": api_url, "HZ_NATS_URL": server.url, "HZ_ADMIN_TOKEN": settings.admin_token.get_secret_value()}
+                {
+                    "HZ_API_URL": api_url,
+                    "HZ_NATS_URL": server.url,
+                    "HZ_ADMIN_TOKEN": settings.admin_token.get_secret_value(),
+                    "HZ_PROVIDER_SECRET": secret.decode(),
+                }
             ),
         )
         tenant_env = await _ensure_demo_tenant(settings, api_url, server.url) if demo_tenant else None
