@@ -126,6 +126,17 @@ def loadavg() -> str:
         return "?"
 
 
+def proc_cpu_seconds(pid: int | None) -> float:
+    """user + system CPU seconds used so far by process `pid` (Linux /proc), NaN where unavailable."""
+    if pid is None:
+        return math.nan
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return math.nan
+
+
 def write_json(path: str, payload: dict[str, Any]) -> None:
     text = json.dumps(payload, indent=2, default=_json_default, allow_nan=False)
     if path == "-":

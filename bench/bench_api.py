@@ -61,6 +61,7 @@ from _benchutil import (
     machine_line,
     median,
     percentile,
+    proc_cpu_seconds,
     ratio,
     table,
     write_json,
@@ -293,13 +294,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """user + system CPU time of the server process so far (Linux /proc), NaN where unavailable."""
-        if self.proc is None:
-            return math.nan
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return math.nan
+        return proc_cpu_seconds(self.proc.pid if self.proc is not None else None)
 
     def stop(self) -> None:
         if self.proc is None:
@@ -337,6 +332,8 @@ class RawHttpConnection:
         self.port = port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.last_body = b""
+        """The body of the last response (bench_negotiations.py reads ids out of it)."""
 
     async def request(self, method: str, path: str, body: Any, headers: dict[str, str] | None) -> int:
         import json as _json
@@ -377,7 +374,7 @@ class RawHttpConnection:
                     close = True
                 elif name == "transfer-encoding":
                     raise RuntimeError("raw client: chunked responses are not supported")
-            await self.reader.readexactly(length)
+            self.last_body = await self.reader.readexactly(length)
         except BaseException:
             await self.close()
             raise
@@ -422,6 +419,25 @@ class LoadClients:
 
             return send_httpx
         return self.raw[worker].request
+
+    def body_sender(self, worker: int) -> Callable[[str, str, Any, dict[str, str] | None], Any]:
+        """Like `sender`, but the coroutine returns (status, response body bytes)."""
+        if self.kind == "httpx":
+            client = self.httpx[worker]
+
+            async def send_httpx(method: str, path: str, body: Any,
+                                 headers: dict[str, str] | None) -> tuple[int, bytes]:
+                response = await client.request(method, path, json=body, headers=headers)
+                return response.status_code, response.content
+
+            return send_httpx
+        connection = self.raw[worker]
+
+        async def send_raw(method: str, path: str, body: Any, headers: dict[str, str] | None) -> tuple[int, bytes]:
+            status = await connection.request(method, path, body, headers)
+            return status, connection.last_body
+
+        return send_raw
 
     async def aclose(self) -> None:
         for c in getattr(self, "httpx", []):
