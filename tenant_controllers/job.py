@@ -1,7 +1,9 @@
 """`Job`: a handler's view of one job, and the way it asks the provider for changes.
 
-A `Job` is level-based: its fields are the provider's current answer to `GET /v1/jobs/{id}` (the runtime refreshes it
-before each handler call and each resync), never a value remembered from an old event. What the controller has
+A `Job` is level-based: its fields are the provider's answer to `GET /v1/jobs/{id}`, never a value remembered from an
+old event. The runtime re-reads it at every resync, before a handler whenever the copy is older than a bound (one
+second by default), and as soon as the controller itself opened a negotiation (which may change the job); reading it
+before *every* event made one REST round trip the ceiling of a controller's event rate (bench/bench_events.py). What the controller has
 *observed* about the job is there too: `job.latest(CarbonIntensity)` is the newest carbon event seen for this job (by
 CloudEvent time, so late or reordered deliveries never roll it back), and it survives restarts.
 
@@ -11,6 +13,7 @@ anything else, so a handler stays short and its outcome is decided by what it re
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -45,6 +48,7 @@ class Job:
         self._api = api
         self._latest = latest or (lambda _job, _model: None)
         self._snapshot: dict[str, Any] | None = dict(snapshot) if snapshot is not None else None
+        self._fetched_at: float | None = time.monotonic() if snapshot is not None else None
         self.memo: dict[str, Any] = {}
         """Scratch space that lives as long as the controller process (not persisted)."""
 
@@ -58,7 +62,18 @@ class Job:
     async def refresh(self) -> Job:
         """Re-read the job from the provider."""
         self._snapshot = await self._api.get_job(self.id)
+        self._fetched_at = time.monotonic()
         return self
+
+    async def ensure_fresh(self, max_age: float) -> Job:
+        """Re-read the job unless the copy is younger than `max_age` seconds (0: always re-read)."""
+        if self._fetched_at is None or time.monotonic() - self._fetched_at >= max_age:
+            await self.refresh()
+        return self
+
+    def _invalidate(self) -> None:
+        """The job may have changed (we negotiated): the next `ensure_fresh` re-reads it."""
+        self._fetched_at = None
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -159,6 +174,7 @@ class Job:
         self, kind: NegotiationKind, terms: NegotiationTerms, *, idempotency_key: str | None = None
     ) -> Offer:
         """Open a negotiation of any kind with explicit terms; raises Declined when nothing can be offered."""
+        self._invalidate()
         negotiation = await self._api.create_negotiation(
             job=self.id, kind=kind, terms=terms, idempotency_key=idempotency_key
         )
@@ -179,4 +195,5 @@ class Job:
 
     async def open_offers(self) -> list[Offer]:
         """Negotiations of this job still waiting for our answer (e.g. left open by a crashed run)."""
+        self._invalidate()  # the caller is about to answer them, which may change the job
         return [Offer(n, api=self._api) async for n in self.negotiations(state=NegotiationState.OFFERED)]

@@ -91,6 +91,7 @@ class ControllerRuntime:
         heartbeat_interval: float = 5.0,
         drain_timeout: float = 30.0,
         max_in_flight: int = 64,
+        job_max_age: float = 1.0,
     ) -> None:
         self.controller = controller
         self.source = source
@@ -102,6 +103,8 @@ class ControllerRuntime:
         self.heartbeat_interval = heartbeat_interval
         self.drain_timeout = drain_timeout
         self.max_in_flight = max_in_flight
+        self.job_max_age = job_max_age
+        """How old a handler's view of its job may be (seconds); a negotiation by this controller resets it."""
         self.stats = RuntimeStats()
         self.ready = asyncio.Event()
         """Set once the durable consumer is open and events are being pulled."""
@@ -319,7 +322,7 @@ class ControllerRuntime:
 
     async def _attempt(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job, number: int) -> Any:
         with invocation(HandlerInvocation(self.controller.name, envelope.id, handler.id, number)):
-            await job.refresh()
+            await job.ensure_fresh(self.job_max_age)
             args, kwargs = handler.binder.arguments(
                 {"payload": envelope.data, "job": job, "envelope": envelope, "logger": self._handler_log}
             )

@@ -16,6 +16,7 @@ from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.controller import consumer_name
 from tenant_controllers.memory import MemoryBroker, MemoryEventSource
 from tenant_controllers.store import HandledStore
+from tests.controllers.fake_provider import FakeProvider
 from tests.controllers.support import carbon, failure, running
 from tests.support import eventually
 
@@ -139,3 +140,34 @@ def test_consumer_names_are_valid_ids_derived_from_job_and_name() -> None:
     assert several.startswith("ctl-guard-") and several == consumer_name("guard", ["a", "b"])
     long = consumer_name("n" * 40, ["j" * 63])
     assert len(long) <= 63 and long != consumer_name("n" * 41, ["j" * 63])
+
+
+async def test_a_handlers_job_view_is_reread_only_when_stale_or_after_our_own_negotiation(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore, provider: FakeProvider
+) -> None:
+    """Re-reading the job before every event capped a controller at one REST round trip per event; the view is
+    re-read when older than `job_max_age`, and at once after this controller negotiated."""
+    ctl = Controller(tenant="acme", job="llm-finetune")
+    seen: list[int] = []
+
+    @ctl.on(CarbonIntensity)
+    async def on_carbon(event: CarbonIntensity, job: Job) -> None:
+        seen.append(job.workers)
+        if event.g_per_kwh == 150:
+            await job.negotiate(scale_to=3)
+
+    def job_reads() -> int:
+        return sum(1 for r in provider.requests if r.method == "GET" and r.url.path == "/v1/jobs/llm-finetune")
+
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store, job_max_age=3600.0):
+        for intensity in (100, 110, 120):
+            bus.publish(carbon(intensity))
+        await eventually(lambda: len(seen) == 3, what="three events handled")
+        assert job_reads() == 1, "one read serves events within job_max_age"
+        provider.jobs["llm-finetune"]["desired_workers"] = 3  # changed behind our back: seen after max age only
+        bus.publish(carbon(150))
+        await eventually(lambda: len(seen) == 4, what="the negotiating event")
+        bus.publish(carbon(160))
+        await eventually(lambda: len(seen) == 5, what="the event after our negotiation")
+    assert job_reads() == 2, "our own negotiation made the next handler re-read the job"
+    assert seen == [2, 2, 2, 2, 3]
