@@ -5,7 +5,7 @@ SQLite is configured for one process serving concurrent requests:
 - `busy_timeout` on *every* connection (a connect event), so a lock held by another process is waited for instead of
   failing at once with "database is locked";
 - foreign keys on (SQLite leaves them off by default, per connection);
-- a single pooled connection: measured (shared/NOTES.md) as the same throughput as a wider pool with p99 down from
+- a single pooled connection: measured (on a 2-core machine) as the same throughput as a wider pool with p99 down from
   ~1 s to ~65 ms, because requests queue for the one writer in the pool instead of fighting over SQLite's file lock;
 - real transactions: Python's sqlite3 driver opens a transaction only before INSERT/UPDATE/DELETE, so DDL (every
   migration step) and the reads before a conditional write ran outside any transaction, and a failed multi-revision
