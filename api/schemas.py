@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from api.models import Compression, Host, Job, ParallelPlan
+from broker_config.streams import ACK_WAIT_BOUNDS_S, ACK_WAIT_S
 from harmonaize.events import EventKind
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
 from harmonaize.negotiation import (
@@ -306,6 +307,12 @@ class EventConsumerUpdate(_Body):
 
     kinds: list[EventKind] = Field(default_factory=list, max_length=16)
     jobs: list[JobId] = Field(default_factory=list, max_length=16)
+    ack_wait_s: float = Field(
+        default=ACK_WAIT_S,
+        ge=ACK_WAIT_BOUNDS_S[0],
+        le=ACK_WAIT_BOUNDS_S[1],
+        description="Seconds before an unacknowledged event is redelivered (e.g. after the reader crashed).",
+    )
 
     @field_validator("kinds", "jobs")
     @classmethod
@@ -322,6 +329,7 @@ class EventConsumerPublic(BaseModel):
     stream: str
     js_api_prefix: str
     filter_subjects: list[str]
+    ack_wait_s: float
 
 
 class CapacityPublic(BaseModel):

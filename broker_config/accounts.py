@@ -50,6 +50,7 @@ class EventConsumer:
     stream: str
     js_api_prefix: str
     filter_subjects: list[str]
+    ack_wait_s: float
 
 
 class TenantBroker(Protocol):
@@ -67,6 +68,8 @@ class TenantBroker(Protocol):
         """The connection details to hand to a tenant whose user has `keys`."""
         ...
 
-    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str]) -> EventConsumer:
+    async def ensure_consumer(
+        self, tenant: str, name: str, *, filter_subjects: Sequence[str], ack_wait_s: float
+    ) -> EventConsumer:
         """Create or update a tenant's durable pull consumer; filters must lie in the tenant's slice."""
         ...

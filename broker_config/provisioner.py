@@ -30,7 +30,7 @@ from broker_config.accounts import EventConsumer, TenantAccount, TenantNatsCrede
 from broker_config.keys import ProviderKeys
 from broker_config.render import TENANT_JS_PREFIX, render_accounts, tenant_account_name, tenant_stream_name, write_atomically
 from broker_config.server import BrokerError, check_accounts_text
-from broker_config.streams import tenant_events_stream, tenant_pull_consumer
+from broker_config.streams import ACK_WAIT_S, tenant_events_stream, tenant_pull_consumer
 from harmonaize.subjects import tenant_slice
 from nats.js.api import StreamConfig
 
@@ -192,13 +192,15 @@ class NatsTenantBroker:
             finally:
                 await provider.close()
 
-    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str] = ()) -> EventConsumer:
+    async def ensure_consumer(
+        self, tenant: str, name: str, *, filter_subjects: Sequence[str] = (), ack_wait_s: float = ACK_WAIT_S
+    ) -> EventConsumer:
         """Create (or update) a tenant's durable pull consumer; its filters must lie inside the tenant's slice.
 
         Tenants cannot create consumers themselves (see render.py), so the provider does it for them, as a pull
         consumer with no delivery subject.
         """
-        config = tenant_pull_consumer(tenant, name, filter_subjects=filter_subjects)
+        config = tenant_pull_consumer(tenant, name, filter_subjects=filter_subjects, ack_wait_s=ack_wait_s)
         try:
             provider = await connect_with_seed(self.servers, self.keys.provider.seed, timeout=self.ready_timeout)
         except Exception as exc:
@@ -210,4 +212,10 @@ class NatsTenantBroker:
         finally:
             await provider.close()
         filters = [info.config.filter_subject] if info.config.filter_subject else list(info.config.filter_subjects or [])
-        return EventConsumer(name=name, stream=info.stream_name, js_api_prefix=TENANT_JS_PREFIX, filter_subjects=filters)
+        return EventConsumer(
+            name=name,
+            stream=info.stream_name,
+            js_api_prefix=TENANT_JS_PREFIX,
+            filter_subjects=filters,
+            ack_wait_s=float(info.config.ack_wait or ack_wait_s),
+        )

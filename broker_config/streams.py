@@ -18,6 +18,8 @@ EVENT_RETENTION_S = 7 * 24 * 3600.0
 DUPLICATE_WINDOW_S = 120.0
 TENANT_STREAM_MAX_BYTES = 1 << 30
 ACK_WAIT_S = 30.0
+"""Default time before an unacknowledged event is redelivered (a crashed reader's events come back after it)."""
+ACK_WAIT_BOUNDS_S = (1.0, 600.0)
 
 
 class ConsumerFilterError(ValueError):
@@ -48,15 +50,23 @@ def check_filter_in_slice(tenant: str, subject: str) -> str:
 
 
 def tenant_pull_consumer(
-    tenant: str, name: str, *, filter_subjects: Sequence[str] = (), max_ack_pending: int = 1000
+    tenant: str,
+    name: str,
+    *,
+    filter_subjects: Sequence[str] = (),
+    max_ack_pending: int = 1000,
+    ack_wait_s: float = ACK_WAIT_S,
 ) -> ConsumerConfig:
     """A durable pull consumer on a tenant's stream; explicit acks, so a restarted reader resumes at its ack point."""
     filters = [check_filter_in_slice(tenant, f) for f in filter_subjects] or [tenant_slice(tenant)]
+    low, high = ACK_WAIT_BOUNDS_S
+    if not low <= ack_wait_s <= high:
+        raise ConsumerFilterError(f"ack_wait_s must lie in {low:g}..{high:g} seconds, got {ack_wait_s!r}")
     config = ConsumerConfig(
         durable_name=validate_id("consumer", name),
         deliver_policy=DeliverPolicy.ALL,
         ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=ACK_WAIT_S,
+        ack_wait=ack_wait_s,
         max_ack_pending=max_ack_pending,
     )
     if len(filters) == 1:

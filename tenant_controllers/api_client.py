@@ -104,10 +104,12 @@ class ProviderApi:
         return dict(reply.json())
 
     async def put_event_consumer(
-        self, name: str, *, kinds: Sequence[EventKind], jobs: Sequence[str]
+        self, name: str, *, kinds: Sequence[EventKind], jobs: Sequence[str], ack_wait_s: float | None = None
     ) -> EventConsumerInfo:
         """Create or update this tenant's durable pull consumer (idempotent)."""
-        body = {"kinds": sorted({str(kind) for kind in kinds}), "jobs": sorted(set(jobs))}
+        body: dict[str, Any] = {"kinds": sorted({str(kind) for kind in kinds}), "jobs": sorted(set(jobs))}
+        if ack_wait_s is not None:
+            body["ack_wait_s"] = ack_wait_s
         reply = await self._request("PUT", f"/v1/event-consumers/{validate_id('consumer', name)}", json=body)
         data = reply.json()
         return EventConsumerInfo(

@@ -29,12 +29,18 @@ def run(
     resync_interval: Annotated[
         float, typer.Option(help="Seconds between resyncs of each job (0 disables periodic resync).", min=0)
     ] = 60.0,
+    ack_wait: Annotated[
+        float,
+        typer.Option(help="Seconds before an event we did not ack is redelivered (e.g. after a crash).", min=1, max=600),
+    ] = 30.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run the controllers a script defines until SIGINT/SIGTERM, then finish handlers in flight and exit 0."""
     from tenant_controllers.runner import main
 
-    code = main(script, state_dir=state_dir, resync_interval=resync_interval or None, log_level=log_level)
+    code = main(
+        script, state_dir=state_dir, resync_interval=resync_interval or None, ack_wait=ack_wait, log_level=log_level
+    )
     raise typer.Exit(code)
 
 

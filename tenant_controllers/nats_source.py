@@ -83,6 +83,7 @@ class NatsEventSource:
         api: ProviderApi,
         reconnect_wait: float = 0.5,
         connect_timeout: float = 2.0,
+        ack_wait: float | None = None,
     ) -> None:
         self._servers = [servers] if isinstance(servers, str) else list(servers)
         self._seed = seed
@@ -92,6 +93,8 @@ class NatsEventSource:
         self._nc: Client | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
         self._ack_wait: float | None = None
+        self._requested_ack_wait = ack_wait
+        """Asked of the provider when the consumer is created; None: the provider's default."""
         self.errors: list[str] = []
         """Asynchronous errors the broker reported (permission violations arrive only this way)."""
 
@@ -101,7 +104,7 @@ class NatsEventSource:
 
     async def open(self, subscription: Subscription) -> None:
         info = await self._api.put_event_consumer(
-            subscription.consumer, kinds=subscription.kinds, jobs=subscription.jobs
+            subscription.consumer, kinds=subscription.kinds, jobs=subscription.jobs, ack_wait_s=self._requested_ack_wait
         )
         if self._nc is None or self._nc.is_closed:
             self._nc = await self._connect()

@@ -149,6 +149,7 @@ async def run_controllers(
     stop: asyncio.Event,
     resync_interval: float | None = DEFAULT_RESYNC_INTERVAL,
     drain_timeout: float = 30.0,
+    ack_wait: float | None = None,
 ) -> None:
     """Run every controller over the real broker and API until `stop` is set; each drains before returning."""
     stores: list[HandledStore] = []
@@ -159,7 +160,7 @@ async def run_controllers(
                 controller.tenant = credentials.tenant
             store = HandledStore(state_dir / f"{credentials.tenant}-{controller.consumer}.sqlite3")
             stores.append(store)
-            source = NatsEventSource(servers=credentials.nats_url, seed=credentials.nats_seed, api=api)
+            source = NatsEventSource(servers=credentials.nats_url, seed=credentials.nats_seed, api=api, ack_wait=ack_wait)
             runtimes.append(
                 ControllerRuntime(
                     controller, source=source, api=api, store=store, resync_interval=resync_interval,
@@ -181,6 +182,7 @@ def main(
     *,
     state_dir: Path | None = None,
     resync_interval: float | None = DEFAULT_RESYNC_INTERVAL,
+    ack_wait: float | None = None,
     log_level: str = "INFO",
 ) -> int:
     """Run a controller script until SIGINT/SIGTERM; returns the process exit code."""
@@ -200,13 +202,17 @@ def main(
         return _fail(str(exc), EXIT_CONFIG)
     directory = state_dir if state_dir is not None else settings.data_dir / "controllers"
     try:
-        return asyncio.run(_serve(controllers, credentials, directory, resync_interval))
+        return asyncio.run(_serve(controllers, credentials, directory, resync_interval, ack_wait))
     except ControllerError as exc:
         return _fail(str(exc), EXIT_RUNTIME)
 
 
 async def _serve(
-    controllers: Sequence[Controller], credentials: Credentials, state_dir: Path, resync_interval: float | None
+    controllers: Sequence[Controller],
+    credentials: Credentials,
+    state_dir: Path,
+    resync_interval: float | None,
+    ack_wait: float | None = None,
 ) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -226,7 +232,12 @@ async def _serve(
         loop.add_signal_handler(sig, on_signal)
     try:
         await run_controllers(
-            controllers, credentials=credentials, state_dir=state_dir, stop=stop, resync_interval=resync_interval
+            controllers,
+            credentials=credentials,
+            state_dir=state_dir,
+            stop=stop,
+            resync_interval=resync_interval,
+            ack_wait=ack_wait,
         )
     except asyncio.CancelledError:
         return EXIT_INTERRUPTED

@@ -18,11 +18,12 @@ async def put_event_consumer(
 ) -> EventConsumerPublic:
     """Create or update a durable pull consumer on the caller's events stream; idempotent."""
     consumer = await ensure_event_consumer(
-        broker, tenant_id=tenant.id, name=name, kinds=body.kinds, jobs=body.jobs
+        broker, tenant_id=tenant.id, name=name, kinds=body.kinds, jobs=body.jobs, ack_wait_s=body.ack_wait_s
     )
     return EventConsumerPublic(
         name=consumer.name,
         stream=consumer.stream,
         js_api_prefix=consumer.js_api_prefix,
         filter_subjects=consumer.filter_subjects,
+        ack_wait_s=consumer.ack_wait_s,
     )

@@ -28,10 +28,16 @@ def consumer_filters(tenant_id: str, *, kinds: Sequence[EventKind], jobs: Sequen
 
 
 async def ensure_event_consumer(
-    broker: TenantBroker, *, tenant_id: str, name: str, kinds: Sequence[EventKind], jobs: Sequence[str]
+    broker: TenantBroker,
+    *,
+    tenant_id: str,
+    name: str,
+    kinds: Sequence[EventKind],
+    jobs: Sequence[str],
+    ack_wait_s: float,
 ) -> EventConsumer:
     filters = consumer_filters(tenant_id, kinds=kinds, jobs=jobs)
     try:
-        return await broker.ensure_consumer(tenant_id, name, filter_subjects=filters)
+        return await broker.ensure_consumer(tenant_id, name, filter_subjects=filters, ack_wait_s=ack_wait_s)
     except BrokerError as exc:
         raise BrokerUnavailableError(str(exc)) from exc

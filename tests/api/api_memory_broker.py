@@ -58,9 +58,11 @@ class InMemoryBroker:
         return TenantNatsCredentials(**values)
 
 
-    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str]) -> EventConsumer:
+    async def ensure_consumer(
+        self, tenant: str, name: str, *, filter_subjects: Sequence[str], ack_wait_s: float
+    ) -> EventConsumer:
         consumer = EventConsumer(name=name, stream=f"HZ_T_{tenant}", js_api_prefix=JS_API_PREFIX,
-                                 filter_subjects=list(filter_subjects))
+                                 filter_subjects=list(filter_subjects), ack_wait_s=ack_wait_s)
         self.consumers[(tenant, name)] = consumer
         return consumer
 

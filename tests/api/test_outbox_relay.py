@@ -98,10 +98,11 @@ async def test_an_app_with_a_bus_relays_on_its_own_including_old_rows(
     bus = MemoryProviderBus()
     second = create_app(migrated_settings, broker=InMemoryBroker(), bus=bus, negotiation=NegotiationOptions())
     async with second.router.lifespan_context(second):
-        await eventually(lambda: len(bus.events) == 2, what="rows of the previous app")
+        # Two apps share one SQLite file here: a relay that meets the other app's write lock backs off (up to 5 s).
+        await eventually(lambda: len(bus.events) == 2, timeout=20, what="rows of the previous app")
         transport = httpx.ASGITransport(app=second)
         async with httpx.AsyncClient(transport=transport, base_url="http://hz.test") as client:
             body = {"tenant_id": "acme", "job_id": "train", "gpus": 1}
             assert (await client.post("/v1/allocations", json=body, headers=ADMIN)).status_code == 201
-        await eventually(lambda: len(bus.kv["host.h1"]) == 3, what="the admin placement's desired state")
+        await eventually(lambda: len(bus.kv["host.h1"]) == 3, timeout=20, what="the admin placement's desired state")
     assert HostAssignment.model_validate_json(bus.kv["host.h1"][-1]).jobs[0].workers == 4

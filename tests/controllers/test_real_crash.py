@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-import broker_config.streams
 from harmonaize.events import CarbonIntensity, parse_event
 from tenant_controllers.store import HandledStore, Status
 from tests.controllers.live_cloud import LiveCloud
@@ -29,13 +28,6 @@ from tests.controllers.support import T0, carbon
 from tests.support import eventually
 
 SCRIPT = Path(__file__).parent / "scripts" / "recorder.py"
-
-
-@pytest.fixture(autouse=True)
-def short_ack_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The provider's ack wait (30 s) bounds how soon a killed controller's unacked events come back; the provider
-    in this test (our in-process API) creates consumers with 2 s so the test does not sit out 30 s."""
-    monkeypatch.setattr(broker_config.streams, "ACK_WAIT_S", 2.0)
 
 
 class ControllerProcess:
@@ -51,6 +43,7 @@ class ControllerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tenant_controllers.cli", "run", str(SCRIPT), "--state-dir", str(self.state_dir),
+                 "--ack-wait", "2",
                  "--resync-interval", "0"],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )

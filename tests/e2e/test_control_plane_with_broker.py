@@ -99,3 +99,20 @@ async def test_broker_down_means_503_and_no_tenant_left_behind(
     client = await nats.connect(nats_server.url, nkeys_seed_str=created["nats"]["seed"])
     assert client.is_connected
     await client.close()
+
+
+async def test_event_consumer_ack_wait_is_the_tenants_choice_within_bounds(
+    api: httpx.AsyncClient, tenant_broker: NatsTenantBroker
+) -> None:
+    acme = await create_tenant(api, "acme")
+    headers = {"Authorization": f"Bearer {acme['api_token']}"}
+    assert (await api.put("/v1/event-consumers/ctl", json={}, headers=headers)).json()["ack_wait_s"] == 30.0
+    quick = await api.put("/v1/event-consumers/ctl", json={"ack_wait_s": 2.5}, headers=headers)
+    assert quick.status_code == 200 and quick.json()["ack_wait_s"] == 2.5
+    provider = await tenant_broker.provider_connection()
+    info = await provider.jetstream().consumer_info("HZ_T_acme", "ctl")
+    assert info.config.ack_wait == 2.5, "the broker's consumer was updated in place"
+    await provider.close()
+    for bad in (0, 0.5, 601, "soon"):
+        refused = await api.put("/v1/event-consumers/ctl", json={"ack_wait_s": bad}, headers=headers)
+        assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "body.ack_wait_s", refused.text
