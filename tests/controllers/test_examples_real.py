@@ -57,7 +57,14 @@ async def placed(
 @asynccontextmanager
 async def example_running(cloud: LiveCloud, name: str, state_dir: Path) -> AsyncIterator[None]:
     """The example script, loaded and run by the runner (as `harmonaize controller run` does), in this process."""
-    [controller] = load_controllers(EXAMPLES / f"{name}.py")
+    async with run_script(cloud, EXAMPLES / f"{name}.py", state_dir):
+        yield
+
+
+@asynccontextmanager
+async def run_script(cloud: LiveCloud, script: Path, state_dir: Path) -> AsyncIterator[None]:
+    """Any controller script, loaded and run by the runner, in this process."""
+    [controller] = load_controllers(script)
     credentials = Credentials(tenant=cloud.tenant, token=cloud.token, nats_seed=cloud.seed,
                               nats_url=cloud.nats_url, api_url=cloud.api_url)
     stop = asyncio.Event()
