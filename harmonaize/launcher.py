@@ -94,6 +94,31 @@ def _lock_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
+@dataclass
+class ServingApi:
+    """An ASGI app served by uvicorn in a task of the current loop, on the port it actually bound."""
+
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    port: int
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+async def serve_api(app: object, *, host: str, port: int) -> ServingApi:
+    """Start serving `app` (port 0: any free port) and return once it accepts connections."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))  # type: ignore[arg-type]
+    task = asyncio.create_task(server.serve(), name="hz-api")
+    while not server.started:
+        if task.done():
+            task.result()
+            raise LocalCloudError("the API stopped during start-up (see the messages above)")
+        await asyncio.sleep(0.01)
+    return ServingApi(server, task, server.servers[0].sockets[0].getsockname()[1])
+
+
 async def _ensure_demo_tenant(settings: Settings, api_url: str, nats_url: str) -> Path | None:
     """Create the demo tenant once; its token and seed are shown once, so they are kept in the data dir."""
     creds_path = settings.data_dir / f"tenant-{DEMO_TENANT}.json"
@@ -166,17 +191,8 @@ async def run_local_cloud(
             bus=bus,
             negotiation=NegotiationOptions(carbon_speedup=CARBON_SPEEDUP),
         )
-        api = uvicorn.Server(
-            uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="on")
-        )
-        api_task = asyncio.create_task(api.serve())
-        while not api.started:
-            if api_task.done():
-                api_task.result()
-                raise LocalCloudError("the API stopped during start-up (see the messages above)")
-            await asyncio.sleep(0.02)
-        port = api.servers[0].sockets[0].getsockname()[1]
-        api_url = f"http://{settings.api_host}:{port}"
+        api = await serve_api(app, host=settings.api_host, port=settings.api_port)
+        api_url = f"http://{settings.api_host}:{api.port}"
         admin_env = settings.data_dir / "admin.env"
         assert settings.admin_token is not None
         _write_private(
@@ -193,9 +209,8 @@ async def run_local_cloud(
         tenant_env = await _ensure_demo_tenant(settings, api_url, server.url) if demo_tenant else None
         on_ready(LocalCloudInfo(settings.data_dir, server.url, api_url, admin_env, tenant_env, server.log_file))
         stop_task = asyncio.create_task(stop.wait())
-        await asyncio.wait({api_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-        api.should_exit = True
-        await api_task
+        await asyncio.wait({api.task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        await api.stop()
         stop_task.cancel()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from nats.aio.client import Client
 from nats.js.api import ConsumerInfo
 
@@ -24,6 +23,7 @@ from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import tenant_stream_name
 from broker_config.server import NatsServer
 from harmonaize.events import CloudEvent
+from harmonaize.launcher import serve_api
 from harmonaize.settings import Settings
 from harmonaize.subjects import tenant_event_subject
 
@@ -113,16 +113,9 @@ async def live_cloud(
     )
     await upgrade_async(settings)
     app = create_app(settings, broker=tenant_broker, **app_options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve(), name="hz-test-api")
+    serving = await serve_api(app, host="127.0.0.1", port=0)
     try:
-        while not server.started:
-            if serving.done():
-                serving.result()
-                raise AssertionError("the API stopped during start-up")
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        api_url = f"http://127.0.0.1:{port}"
+        api_url = f"http://127.0.0.1:{serving.port}"
         async with httpx.AsyncClient(
             base_url=api_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30
         ) as admin:
@@ -147,5 +140,4 @@ async def live_cloud(
                 finally:
                     await provider.close()
     finally:
-        server.should_exit = True
-        await serving
+        await serving.stop()
