@@ -37,6 +37,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from harmonaize.desired_state import RestartMode
+from harmonaize.events.directive import DirectiveState
 from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.negotiation import Actor, NegotiationKind, NegotiationState, RoundAction
 
@@ -171,6 +173,13 @@ class Job(Base):
     grad_accumulation_max: Mapped[int] = mapped_column(Integer)
     desired_workers: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     allocated_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    entrypoint: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    placement: Mapped[dict[str, object] | None] = mapped_column(JSON, default=None)
+    placement_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    restart_mode: Mapped[RestartMode] = mapped_column(
+        _enum(RestartMode, "restart_mode", 16), default=RestartMode.GRACEFUL, server_default=RestartMode.GRACEFUL.value
+    )
+    directives: Mapped[dict[str, object] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
@@ -193,6 +202,7 @@ class Host(Base):
     allocated_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     assigned_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    down_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
@@ -311,3 +321,67 @@ class OutboxMessage(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     last_error: Mapped[str | None] = mapped_column(String(500), default=None)
+
+
+class JobDirective(Base):
+    """One micro-loop decision about a job: the full settings it asked for, and what became of it.
+
+    A proposal the control plane refused (outside the tenant's ranges) is kept with `version` NULL: it was never
+    issued. An issued version is later marked applied or refused by the job's runtime, at `step`.
+    """
+
+    __tablename__ = "job_directives"
+    __table_args__ = (
+        ForeignKeyConstraint(["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"),
+        Index("ix_job_directives_tenant_id_job_id_created_at", "tenant_id", "job_id", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    version: Mapped[int | None] = mapped_column(Integer, default=None)
+    state: Mapped[DirectiveState] = mapped_column(_enum(DirectiveState, "directive_state", 16))
+    settings: Mapped[dict[str, object]] = mapped_column(JSON)
+    reason: Mapped[str] = mapped_column(String(500), default="")
+    refusals: Mapped[list[str]] = mapped_column(JSON, default=list)
+    step: Mapped[int | None] = mapped_column(Integer, default=None)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class JobStatus(Base):
+    """The latest progress a running job reported (one row per job), as its global rank 0 wrote it."""
+
+    __tablename__ = "job_status"
+    __table_args__ = (
+        PrimaryKeyConstraint("tenant_id", "job_id"),
+        ForeignKeyConstraint(["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"),
+    )
+
+    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer)
+    progress: Mapped[dict[str, object]] = mapped_column(JSON)
+    reported_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class JobTimelineEntry(Base):
+    """A shape the job actually ran in: from `step` on, at `world_size` with `parallel_plan` (epoch `epoch`)."""
+
+    __tablename__ = "job_timeline"
+    __table_args__ = (
+        ForeignKeyConstraint(["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"),
+        Index("ix_job_timeline_tenant_id_job_id_id", "tenant_id", "job_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer)
+    parallel_plan: Mapped[ParallelPlan] = mapped_column(_enum(ParallelPlan, "parallel_plan", 8))
+    step: Mapped[int] = mapped_column(Integer)
+    resumed_from_step: Mapped[int | None] = mapped_column(Integer, default=None)
+    at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -50,6 +50,8 @@ DisplayText = Annotated[
 ]
 """Human-readable names: printable, bounded (PostgreSQL rejects NUL bytes; columns are 200 characters)."""
 LocalityGroup = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+EntrypointArg = Annotated[str, StringConstraints(min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]*$")]
+MAX_ENTRYPOINT_ARGS = 64
 AllocationId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
 
 
@@ -169,6 +171,12 @@ class JobCreate(_Body):
     initial_workers: int | None = Field(
         default=None, ge=1, le=MAX_WORKERS, description="Place this many workers now (all or 409); absent: not placed."
     )
+    entrypoint: list[EntrypointArg] = Field(
+        default_factory=list,
+        max_length=MAX_ENTRYPOINT_ARGS,
+        description="What torchrun runs on every node of the job, e.g. ['-m', 'workloads.examples.mlp']; "
+        "empty: the provider launches nothing (capacity only).",
+    )
 
     @model_validator(mode="after")
     def _workers_ordered(self) -> Self:
@@ -195,6 +203,8 @@ class JobPublic(BaseModel):
     gradient_compression: GradientCompression
     batch_size: IntRange | None
     gradient_accumulation: IntRange
+    entrypoint: list[str]
+    placement_epoch: int
     created_at: datetime
 
     @classmethod
@@ -221,33 +231,9 @@ class JobPublic(BaseModel):
                 else IntRange(min=job.batch_size_min, max=job.batch_size_max)
             ),
             gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
+            entrypoint=list(job.entrypoint or ()),
+            placement_epoch=job.placement_epoch,
             created_at=job.created_at,
-        )
-
-
-class HostCreate(_Body):
-    id: HostId
-    gpus: int = Field(ge=1, le=MAX_GPUS)
-    locality_group: LocalityGroup
-
-
-class HostPublic(BaseModel):
-    id: str
-    gpus: int
-    locality_group: str
-    allocated_gpus: int
-    free_gpus: int
-    created_at: datetime
-
-    @classmethod
-    def from_model(cls, host: Host) -> Self:
-        return cls(
-            id=host.id,
-            gpus=host.gpus,
-            locality_group=host.locality_group,
-            allocated_gpus=host.allocated_gpus,
-            free_gpus=host.gpus - host.allocated_gpus,
-            created_at=host.created_at,
         )
 
 
@@ -391,3 +377,4 @@ class NegotiationPage(BaseModel):
 
     items: list[NegotiationSummary]
     next_cursor: str | None
+

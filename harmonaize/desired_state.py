@@ -11,11 +11,13 @@ pseudonyms before anything reaches a tenant.
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId, validate_id
+from harmonaize.job_runtime import Directives, JobRanges
 from harmonaize.jobs import ParallelPlan
 from harmonaize.subjects import provider_subject
 
@@ -39,6 +41,15 @@ def telemetry_subject(host: str) -> str:
     return provider_subject("telemetry", host)
 
 
+class RestartMode(StrEnum):
+    """How node launchers move a job to a new epoch."""
+
+    GRACEFUL = "graceful"
+    """SIGTERM, then a grace period: the job agrees on a step, checkpoints and exits (scale, repartition)."""
+    IMMEDIATE = "immediate"
+    """Kill at once: a peer is gone, so the survivors could not finish a collective checkpoint anyway (failure)."""
+
+
 class _State(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -51,6 +62,12 @@ class AssignedJob(_State):
     workers: int = Field(ge=0, le=4096)
     gpus: int = Field(ge=0, le=4096)
     parallel_plan: ParallelPlan = ParallelPlan.DDP
+    entrypoint: tuple[str, ...] = Field(default=(), description="What torchrun runs; empty: nothing to launch.")
+    epoch: int = Field(default=0, ge=0, description="Bumped whenever the job's node set, sizes or plan change.")
+    nodes: int = Field(default=0, ge=0, le=4096, description="How many hosts run the job in this epoch.")
+    restart: RestartMode = RestartMode.GRACEFUL
+    ranges: JobRanges = JobRanges()
+    directives: Directives = Directives()
 
 
 class HostAssignment(_State):

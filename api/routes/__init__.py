@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.routes import allocations, capacity, event_consumers, health, hosts, jobs, negotiations, tenants
+from api.routes import (
+    allocations,
+    capacity,
+    event_consumers,
+    health,
+    hosts,
+    job_runs,
+    jobs,
+    negotiations,
+    tenants,
+)
 from api.schemas import ErrorPublic
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -19,6 +29,6 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 def build_router() -> APIRouter:
     """All /v1 routes (a fresh router per app, so apps built in one process share no state)."""
     router = APIRouter(prefix="/v1", responses=_ERRORS)
-    for module in (health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations):
+    for module in (health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, job_runs):
         router.include_router(module.router)
     return router

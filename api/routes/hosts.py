@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import AdminDep, SessionDep
-from api.schemas import HostCreate, HostPublic
+from api.host_schemas import HostCreate, HostPublic
 from api.services import hosts as service
 
 router = APIRouter(tags=["hosts"])

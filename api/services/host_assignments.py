@@ -8,6 +8,11 @@ computed from the ledger's live allocations inside the transaction that changed 
 Capacity reserved for a later, agreed start (`allocations.starts_at`) counts against the host at once but joins the
 assignment only from its start: `announce_due_reservations` (run by the background sweeper) rewrites the hosts whose
 reservations have started since their last assignment.
+
+Each job also carries a placement *epoch*: node launchers start one torchrun rendezvous per epoch, sized exactly to
+the job's node count, so whenever the job's node set, worker counts or plan change, the epoch moves on and every
+host of the job (old and new) is rewritten. Directives (the micro loop's settings) travel in the same assignment
+but do not change the epoch: the running job applies them at a step boundary, without a restart.
 """
 
 from __future__ import annotations
@@ -21,36 +26,131 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.models import Allocation, Host, Job
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
-from harmonaize.desired_state import AssignedJob, HostAssignment
+from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
+from harmonaize.job_runtime import Directives, JobRanges, Range
+from harmonaize.jobs import Compression
 
 
 def _effective(now: datetime):  # type: ignore[no-untyped-def]
     return Allocation.released_at.is_(None), or_(Allocation.starts_at.is_(None), Allocation.starts_at <= now)
 
 
+def job_ranges(job: Job) -> JobRanges:
+    """The tenant's declared micro-loop ranges of `job`, in the contract's shape (shared with the job's runtime)."""
+    return JobRanges(
+        checkpoint_interval_steps=Range(min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max),
+        compression_allowed=tuple(Compression(option) for option in job.compression_allowed),
+        powersgd_max_rank=job.powersgd_max_rank,
+        batch_size=(
+            None
+            if job.batch_size_min is None or job.batch_size_max is None
+            else Range(min=job.batch_size_min, max=job.batch_size_max)
+        ),
+        gradient_accumulation=Range(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
+    )
+
+
+def job_directives(job: Job) -> Directives:
+    return Directives() if job.directives is None else Directives.model_validate(job.directives)
+
+
+async def _job_placement(session: AsyncSession, job: Job, *, now: datetime) -> dict[str, object]:
+    """The job's effective node set now: workers per host, and the plan they run."""
+    rows = await session.execute(
+        select(Allocation.host_id, func.sum(Allocation.gpus))
+        .where(Allocation.tenant_id == job.tenant_id, Allocation.job_id == job.id, *_effective(now))
+        .group_by(Allocation.host_id)
+    )
+    hosts = {host: int(gpus) // job.gpus_per_worker for host, gpus in rows if int(gpus) >= job.gpus_per_worker}
+    return {"plan": job.parallel_plan.value, "hosts": dict(sorted(hosts.items()))}
+
+
 async def compute_assignment(session: AsyncSession, host_id: str, *, generation: int, now: datetime) -> HostAssignment:
     """What should run on `host_id` at `now`, from the ledger (jobs sorted by tenant and id)."""
     group = await session.scalar(select(Host.locality_group).where(Host.id == host_id))
     rows = await session.execute(
-        select(Allocation.tenant_id, Allocation.job_id, func.sum(Allocation.gpus), Job.gpus_per_worker, Job.parallel_plan)
+        select(Job, func.sum(Allocation.gpus))
         .join(Job, (Job.tenant_id == Allocation.tenant_id) & (Job.id == Allocation.job_id))
         .where(Allocation.host_id == host_id, *_effective(now))
-        .group_by(Allocation.tenant_id, Allocation.job_id, Job.gpus_per_worker, Job.parallel_plan)
-        .order_by(Allocation.tenant_id, Allocation.job_id)
+        .group_by(Job.tenant_id, Job.id)
+        .execution_options(populate_existing=True)
+        .order_by(Job.tenant_id, Job.id)
     )
-    jobs = tuple(
-        AssignedJob(tenant=tenant, job=job, workers=int(gpus) // per_worker, gpus=int(gpus), parallel_plan=plan)
-        for tenant, job, gpus, per_worker, plan in rows
+    jobs = []
+    for job, gpus in rows:
+        placement_hosts = (job.placement or {}).get("hosts") or {}
+        jobs.append(
+            AssignedJob(
+                tenant=job.tenant_id,
+                job=job.id,
+                workers=int(gpus) // job.gpus_per_worker,
+                gpus=int(gpus),
+                parallel_plan=job.parallel_plan,
+                entrypoint=tuple(job.entrypoint or ()),
+                epoch=job.placement_epoch,
+                nodes=len(placement_hosts),
+                restart=job.restart_mode,
+                ranges=job_ranges(job),
+                directives=job_directives(job),
+            )
+        )
+    return HostAssignment(
+        host=host_id, locality_group=group or "", generation=generation, jobs=tuple(jobs), updated_at=now
     )
-    return HostAssignment(host=host_id, locality_group=group or "", generation=generation, jobs=jobs, updated_at=now)
+
+
+async def _renew_epochs(
+    session: AsyncSession, host_ids: set[str], *, now: datetime, restart: RestartMode
+) -> set[str]:
+    """Bump the epoch of every job whose node set or plan changed on `host_ids`; returns every host those jobs use(d).
+
+    Candidates are the jobs with a live allocation on these hosts or one released in this transaction (released at
+    `now`, the timestamp every release path of the caller's transaction uses). A job whose hosts change must be
+    rewritten on *all* its hosts, old and new: each node's rendezvous is sized by the job's node count.
+    """
+    if not host_ids:
+        return set()
+    keys = await session.execute(
+        select(Allocation.tenant_id, Allocation.job_id)
+        .where(
+            Allocation.host_id.in_(host_ids),
+            or_(Allocation.released_at.is_(None), Allocation.released_at >= now),
+        )
+        .distinct()
+    )
+    touched: set[str] = set()
+    for tenant_id, job_id in sorted(keys.all()):
+        job = await session.get(Job, (tenant_id, job_id), populate_existing=True)
+        if job is None:
+            continue
+        placement = await _job_placement(session, job, now=now)
+        if placement == job.placement:
+            continue
+        old_hosts = set(((job.placement or {}).get("hosts") or {}).keys())
+        job.placement = placement
+        job.placement_epoch = job.placement_epoch + 1
+        job.restart_mode = restart
+        touched |= old_hosts | set(placement["hosts"])  # type: ignore[arg-type]
+    await session.flush()
+    return touched
 
 
 async def write_host_assignments(
-    session: AsyncSession, host_ids: Iterable[str], *, now: datetime
+    session: AsyncSession,
+    host_ids: Iterable[str],
+    *,
+    now: datetime,
+    restart: RestartMode = RestartMode.GRACEFUL,
 ) -> list[HostAssignment]:
-    """Bump each host's generation and queue its recomputed assignment; no commit (the caller's transaction)."""
+    """Bump each host's generation and queue its recomputed assignment; no commit (the caller's transaction).
+
+    Jobs whose node set or plan changed get a new epoch first (`restart` says how their nodes move to it), and
+    every host of such a job is rewritten too.
+    """
+    hosts = set(host_ids)
+    hosts |= await _renew_epochs(session, hosts, now=now, restart=restart)
     assignments = []
-    for host_id in sorted(set(host_ids)):
+    for host_id in sorted(hosts):
         await session.execute(
             update(Host)
             .where(Host.id == host_id)

@@ -51,6 +51,7 @@ async def create_job(
         grad_accumulation_max=spec.gradient_accumulation.max,
         desired_workers=0,
         allocated_gpus=0,
+        entrypoint=list(spec.entrypoint),
         created_at=now,
     )
     session.add(job)

@@ -56,7 +56,7 @@ class Placement:
 async def _try_reserve(session: AsyncSession, host_id: str, gpus: int) -> bool:
     result = await session.execute(
         update(Host)
-        .where(Host.id == host_id, Host.allocated_gpus + gpus <= Host.gpus)
+        .where(Host.id == host_id, Host.down_at.is_(None), Host.allocated_gpus + gpus <= Host.gpus)
         .values(allocated_gpus=Host.allocated_gpus + gpus)
         .execution_options(synchronize_session=False)
     )
@@ -124,7 +124,11 @@ async def _host_preference(session: AsyncSession, job: Job) -> list[tuple[str, s
         used_hosts[host_id] = int(gpus)
         used_groups[group] = used_groups.get(group, 0) + int(gpus)
     free = Host.gpus - Host.allocated_gpus
-    rows = (await session.execute(select(Host.id, Host.locality_group, free).where(free >= job.gpus_per_worker))).all()
+    rows = (
+        await session.execute(
+            select(Host.id, Host.locality_group, free).where(free >= job.gpus_per_worker, Host.down_at.is_(None))
+        )
+    ).all()
     group_room: dict[str, int] = {}
     for _, group, host_free in rows:
         group_room[group] = group_room.get(group, 0) + int(host_free) // job.gpus_per_worker
@@ -228,7 +232,7 @@ async def _mark_released(session: AsyncSession, allocation: Allocation, *, now: 
 
 def _candidates(gpus: int, *, host_id: str | None, locality_group: str | None) -> Select[tuple[str, str]]:
     free = Host.gpus - Host.allocated_gpus
-    query = select(Host.id, Host.locality_group).where(free >= gpus).order_by(free, Host.id)
+    query = select(Host.id, Host.locality_group).where(free >= gpus, Host.down_at.is_(None)).order_by(free, Host.id)
     if host_id is not None:
         query = query.where(Host.id == host_id)
     if locality_group is not None:

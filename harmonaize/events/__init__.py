@@ -36,6 +36,8 @@ from harmonaize.events.fields import (
 )
 from harmonaize.events.kinds import EventKind, UnknownEventKindError, parse_kind
 from harmonaize.events.maintenance import Maintenance, MaintenanceKind, MaintenanceStatus, MaintenanceWindow
+from harmonaize.events.directive import DirectiveState, DirectiveUpdate
+from harmonaize.events.job import JobUpdate
 from harmonaize.events.negotiation import NegotiationUpdate
 from harmonaize.events.registry import DEFAULT_REGISTRY, EventRegistry
 from harmonaize.events.sources import CONTROL_PLANE_SOURCE, agent_source
@@ -57,6 +59,8 @@ __all__ = [
     "CarbonIntensity",
     "CloudEvent",
     "Congestion",
+    "DirectiveState",
+    "DirectiveUpdate",
     "CongestionLevel",
     "CongestionScope",
     "ContractModel",
@@ -74,6 +78,7 @@ __all__ = [
     "GroupPseudonym",
     "HostPseudonym",
     "InvalidEventError",
+    "JobUpdate",
     "LocalityGroup",
     "Maintenance",
     "MaintenanceKind",

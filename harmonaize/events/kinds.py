@@ -24,6 +24,8 @@ class EventKind(StrEnum):
     CARBON = "carbon"
     CAPACITY = "capacity"
     NEGOTIATION = "negotiation"
+    DIRECTIVE = "directive"
+    JOB = "job"
 
 
 class UnknownEventKindError(ValueError):

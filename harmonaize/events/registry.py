@@ -23,6 +23,8 @@ from harmonaize.events.errors import UnknownEventTypeError
 from harmonaize.events.failure import Failure
 from harmonaize.events.kinds import EventKind
 from harmonaize.events.maintenance import Maintenance
+from harmonaize.events.directive import DirectiveUpdate
+from harmonaize.events.job import JobUpdate
 from harmonaize.events.negotiation import NegotiationUpdate
 from harmonaize.events.topology import Topology
 
@@ -91,6 +93,7 @@ class EventRegistry:
 
 
 DEFAULT_REGISTRY = EventRegistry(
-    [Topology, Congestion, Failure, Maintenance, CarbonIntensity, Capacity, NegotiationUpdate]
+    [Topology, Congestion, Failure, Maintenance, CarbonIntensity, Capacity, NegotiationUpdate,
+     DirectiveUpdate, JobUpdate]
 )
 """Every event type this version of the contract publishes."""

@@ -22,6 +22,9 @@ TENANT_ROUTES = {
     ("GET", "/v1/jobs"),
     ("GET", "/v1/jobs/{job_id}"),
     ("GET", "/v1/jobs/{job_id}/allocations"),
+    ("GET", "/v1/jobs/{job_id}/status"),
+    ("GET", "/v1/jobs/{job_id}/timeline"),
+    ("GET", "/v1/jobs/{job_id}/directives"),
     ("PUT", "/v1/event-consumers/{name}"),
     ("POST", "/v1/negotiations"),
     ("GET", "/v1/negotiations"),
@@ -122,11 +125,16 @@ async def test_every_route_is_classified(app: FastAPI) -> None:
 async def test_admin_routes_refuse_tenant_tokens_and_anonymous_callers(
     app: FastAPI, client: httpx.AsyncClient, world: World
 ) -> None:
-    values = {"tenant_id": "acme", "job_id": "acme-train", "allocation_id": world.globex_allocation}
+    values = {
+        "tenant_id": "acme",
+        "job_id": "acme-train",
+        "allocation_id": world.globex_allocation,
+        "host_id": "gpu-node-017",
+    }
     admin_routes = [route for route in _routes(app) if route not in TENANT_ROUTES | PUBLIC_ROUTES]
     for method, path in admin_routes:
         url = _fill(path, values)
-        body = {} if method == "POST" else None
+        body = {} if method in ("POST", "PUT") else None
         as_tenant = await client.request(method, url, json=body, headers=world.acme.headers)
         assert as_tenant.status_code == 403, (method, path, as_tenant.text)
         assert "admin" in as_tenant.json()["reason"]

@@ -13,8 +13,12 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent as SdkCloudEvent
 from cloudevents.v1.http import from_http as legacy_from_http
 
+from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.negotiation import NegotiationKind, NegotiationState, Offer, OfferOption
 from harmonaize.events import (
+    DirectiveState,
+    DirectiveUpdate,
+    JobUpdate,
     NegotiationUpdate,
     CONTENT_TYPE,
     DEFAULT_REGISTRY,
@@ -137,6 +141,24 @@ def _negotiation() -> NegotiationUpdate:
     )
 
 
+def _directive() -> DirectiveUpdate:
+    return DirectiveUpdate(
+        version=3,
+        state=DirectiveState.REFUSED,
+        checkpoint_requests=1,
+        compression=Compression.POWERSGD,
+        powersgd_rank=8,
+        reason="congestion on the job's inter-group links",
+        refusals=("powersgd_rank 8 is above the allowed maximum 4",),
+        step=120,
+        at=T0,
+    )
+
+
+def _job() -> JobUpdate:
+    return JobUpdate(epoch=4, world_size=3, parallel_plan=ParallelPlan.HSDP, step=140, resumed_from_step=140, at=T0)
+
+
 SAMPLES: dict[str, Callable[[], EventData]] = {
     "topology": _topology,
     "congestion": _congestion,
@@ -146,6 +168,8 @@ SAMPLES: dict[str, Callable[[], EventData]] = {
     "carbon": _carbon,
     "capacity": _capacity,
     "negotiation": _negotiation,
+    "directive": _directive,
+    "job": _job,
 }
 
 

@@ -1,0 +1,82 @@
+"""Bodies and views of running jobs: micro-loop directive proposals, directive history, status and timeline."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Self
+
+from pydantic import BaseModel, Field
+
+from api.models import JobDirective, JobTimelineEntry
+from api.schemas import MAX_INT, MAX_POWERSGD_RANK, _Body
+from harmonaize.job_runtime import JobProgress
+from harmonaize.jobs import Compression, ParallelPlan
+
+
+class DirectiveProposalBody(_Body):
+    """The provider micro loop's wanted settings for a job now (absent: the job's own choice)."""
+
+    checkpoint_now: bool = False
+    checkpoint_interval_steps: int | None = Field(default=None, ge=1, le=MAX_INT)
+    compression: Compression | None = None
+    powersgd_rank: int | None = Field(default=None, ge=1, le=MAX_POWERSGD_RANK)
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_INT)
+    gradient_accumulation: int | None = Field(default=None, ge=1, le=MAX_INT)
+    reason: str = Field(default="", max_length=500, pattern=r"^[^\x00-\x1f\x7f]*$")
+
+
+class DirectivePublic(BaseModel):
+    id: str
+    version: int | None
+    state: str
+    settings: dict[str, object]
+    reason: str
+    refusals: list[str]
+    step: int | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_model(cls, record: JobDirective) -> Self:
+        return cls(
+            id=record.id,
+            version=record.version,
+            state=record.state.value,
+            settings=dict(record.settings),
+            reason=record.reason,
+            refusals=list(record.refusals),
+            step=record.step,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+class JobStatusPublic(BaseModel):
+    """The job's latest reported progress (absent until its first step) and the shapes it ran in."""
+
+    job_id: str
+    desired_workers: int
+    parallel_plan: ParallelPlan
+    placement_epoch: int
+    progress: JobProgress | None
+    reported_at: datetime | None
+
+
+class TimelineEntryPublic(BaseModel):
+    epoch: int
+    world_size: int
+    parallel_plan: ParallelPlan
+    step: int
+    resumed_from_step: int | None
+    at: datetime
+
+    @classmethod
+    def from_model(cls, entry: JobTimelineEntry) -> Self:
+        return cls(
+            epoch=entry.epoch,
+            world_size=entry.world_size,
+            parallel_plan=entry.parallel_plan,
+            step=entry.step,
+            resumed_from_step=entry.resumed_from_step,
+            at=entry.at,
+        )

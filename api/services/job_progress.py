@@ -1,0 +1,122 @@
+"""Progress a running job reports (through its host's node launcher): latest status, shape timeline, outcomes.
+
+Reports arrive from whichever host runs the job's global rank 0, at least once and possibly out of order (a
+launcher may relay a stale file from before a restart), so they are applied monotonically: a report older than the
+stored one (lower epoch, or the same epoch and a lower step) only contributes what is new in it (directive outcomes).
+The timeline gets a row, and the tenant a `JobUpdate` event, whenever the job first runs in a new shape (epoch,
+world size, plan): that is when an agreement was actually carried out, and from which checkpoint.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.models import Job, JobStatus, JobTimelineEntry
+from api.services.errors import NotFoundError
+from api.services.job_directives import record_outcome
+from api.services.outbox import enqueue_tenant_event
+from harmonaize.events.job import JobUpdate
+from harmonaize.job_runtime import DirectiveStatus, JobProgress
+
+
+async def report_progress(session: AsyncSession, progress: JobProgress, *, now: datetime) -> bool:
+    """Store a progress report and commit; True when it was newer than what was stored."""
+    tenant_id, job_id = progress.tenant, progress.job
+    try:
+        if await session.get(Job, (tenant_id, job_id)) is None:
+            raise NotFoundError("job not found")
+        for outcome in progress.outcomes:
+            await record_outcome(
+                session,
+                tenant_id=tenant_id,
+                job_id=job_id,
+                version=outcome.version,
+                applied=outcome.status is DirectiveStatus.APPLIED,
+                step=outcome.step,
+                reasons=outcome.reasons,
+                now=now,
+            )
+        status = await session.get(JobStatus, (tenant_id, job_id), with_for_update=True)
+        newer = status is None or (progress.epoch, progress.step) >= (status.epoch, status.step)
+        if newer:
+            payload = progress.model_dump(mode="json")
+            if status is None:
+                session.add(
+                    JobStatus(
+                        tenant_id=tenant_id,
+                        job_id=job_id,
+                        epoch=progress.epoch,
+                        step=progress.step,
+                        world_size=progress.world_size,
+                        progress=payload,
+                        reported_at=now,
+                    )
+                )
+            else:
+                status.epoch, status.step, status.world_size = progress.epoch, progress.step, progress.world_size
+                status.progress, status.reported_at = payload, now
+            await _extend_timeline(session, progress, now=now)
+        await session.commit()
+        return newer
+    except BaseException:
+        await session.rollback()
+        raise
+
+
+async def _extend_timeline(session: AsyncSession, progress: JobProgress, *, now: datetime) -> None:
+    last = await session.scalar(
+        select(JobTimelineEntry)
+        .where(JobTimelineEntry.tenant_id == progress.tenant, JobTimelineEntry.job_id == progress.job)
+        .order_by(JobTimelineEntry.id.desc())
+        .limit(1)
+    )
+    shape = (progress.epoch, progress.world_size, progress.parallel_plan)
+    if last is not None and (last.epoch, last.world_size, last.parallel_plan) == shape:
+        return
+    if last is not None and last.epoch > progress.epoch:
+        return
+    first_step = progress.resumed_from_step if progress.resumed_from_step is not None else 0
+    session.add(
+        JobTimelineEntry(
+            tenant_id=progress.tenant,
+            job_id=progress.job,
+            epoch=progress.epoch,
+            world_size=progress.world_size,
+            parallel_plan=progress.parallel_plan,
+            step=first_step,
+            resumed_from_step=progress.resumed_from_step,
+            at=now,
+        )
+    )
+    enqueue_tenant_event(
+        session,
+        tenant_id=progress.tenant,
+        job_id=progress.job,
+        data=JobUpdate(
+            epoch=progress.epoch,
+            world_size=progress.world_size,
+            parallel_plan=progress.parallel_plan,
+            step=first_step,
+            resumed_from_step=progress.resumed_from_step,
+            at=now,
+        ),
+        now=now,
+    )
+
+
+async def job_status(session: AsyncSession, *, tenant_id: str, job_id: str) -> JobStatus | None:
+    return await session.get(JobStatus, (tenant_id, job_id))
+
+
+async def job_timeline(session: AsyncSession, *, tenant_id: str, job_id: str) -> list[JobTimelineEntry]:
+    """Every shape the job ran in, oldest first."""
+    return list(
+        await session.scalars(
+            select(JobTimelineEntry)
+            .where(JobTimelineEntry.tenant_id == tenant_id, JobTimelineEntry.job_id == job_id)
+            .order_by(JobTimelineEntry.id)
+        )
+    )

@@ -1,0 +1,49 @@
+"""The provider's micro-level decisions about a running job, and what the job did with them.
+
+The micro loop acts fast and on its own, inside the ranges the tenant declared, so the tenant must be able to see
+every decision: one event when a directive version is issued (or refused by the control plane because it left the
+ranges), and one when the job's own runtime applied or refused it at a step boundary.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import Field
+
+from harmonaize.events.base import EventData
+from harmonaize.events.fields import UtcDatetime
+from harmonaize.events.kinds import EventKind
+from harmonaize.jobs import Compression
+
+__all__ = ["DirectiveState", "DirectiveUpdate"]
+
+
+class DirectiveState(StrEnum):
+    ISSUED = "issued"
+    """The provider issued this version; the job applies it at its next step boundary."""
+    REFUSED = "refused"
+    """Outside the tenant's ranges: refused by the control plane (never issued) or by the job's runtime."""
+    APPLIED = "applied"
+    """The job's runtime applied it, at `step`."""
+
+
+class DirectiveUpdate(EventData):
+    """A directive version changed state; the settings are the job's full micro-level settings at that version."""
+
+    KIND: ClassVar[EventKind] = EventKind.DIRECTIVE
+    VERSION: ClassVar[int] = 1
+
+    version: int = Field(ge=0)
+    state: DirectiveState
+    checkpoint_requests: int = Field(ge=0)
+    checkpoint_interval_steps: int | None = Field(default=None, ge=1)
+    compression: Compression | None = None
+    powersgd_rank: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    gradient_accumulation: int | None = Field(default=None, ge=1)
+    reason: str = Field(default="", max_length=500)
+    refusals: tuple[str, ...] = Field(default=(), max_length=16)
+    step: int | None = Field(default=None, ge=0)
+    at: UtcDatetime

@@ -1,0 +1,211 @@
+"""The contract between a host's node launcher (provider) and the runtime inside a tenant's training job (`workloads`).
+
+The two sides share no process and no network protocol, only files on the host, because the training job is the
+tenant's code and must not hold broker credentials, and because files outlive either side's restart:
+
+    $HZ_RUN_SPEC                   -> `WorkerSpec` (JSON, written once per node start by the launcher)
+    <control_dir>/directives.json  -> `Directives` (the provider's current micro-level settings; rewritten atomically)
+    <control_dir>/progress.json    -> `JobProgress` (written atomically by the job's global rank 0)
+
+Directives are *level* state, like the desired state of hosts: the file says what the provider currently wants
+(compression fp16, checkpoint every 10 steps, ...), each rewrite with a higher `version`. A one-off request
+("checkpoint now") is a counter that only grows, so a runtime that missed an intermediate version still acts once.
+
+Both sides check a directive against the tenant's declared `JobRanges` with the same function (`violations`): the
+control plane refuses an out-of-range directive before it is issued, and the runtime refuses it again (the tenant's
+process is the last line of defence, and it reports the refusal in its progress, which reaches the tenant).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harmonaize.ids import JobId, TenantId
+from harmonaize.jobs import Compression, ParallelPlan
+
+__all__ = [
+    "CONTROL_DIRECTIVES_FILE",
+    "CONTROL_PROGRESS_FILE",
+    "ENV_NODE_MARKER",
+    "ENV_RUN_SPEC",
+    "DirectiveOutcome",
+    "DirectiveStatus",
+    "Directives",
+    "JobProgress",
+    "JobRanges",
+    "Range",
+    "WorkerSpec",
+    "read_model",
+    "violations",
+    "write_model_atomically",
+]
+
+ENV_RUN_SPEC = "HZ_RUN_SPEC"
+"""Path of the `WorkerSpec` JSON; absent when a script runs under plain torchrun (then the runtime uses defaults)."""
+ENV_NODE_MARKER = "HZ_NODE_ID"
+"""Set on every process of a launched node (`<host>.<tenant>.<job>.<epoch>`): how a launcher finds orphaned workers."""
+CONTROL_DIRECTIVES_FILE = "directives.json"
+CONTROL_PROGRESS_FILE = "progress.json"
+
+MAX_OUTCOMES = 20
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Range(_Model):
+    """An inclusive integer range; min == max pins the value."""
+
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int) and self.min <= value <= self.max
+
+
+class JobRanges(_Model):
+    """What the tenant allowed the provider to change, as declared in the job spec."""
+
+    checkpoint_interval_steps: Range = Range(min=100, max=1000)
+    compression_allowed: tuple[Compression, ...] = (Compression.NONE,)
+    powersgd_max_rank: int | None = Field(default=None, ge=1)
+    batch_size: Range | None = None
+    gradient_accumulation: Range = Range(min=1, max=1)
+
+
+class Directives(_Model):
+    """The provider's current micro-level settings for one job; None fields mean "the job's own choice"."""
+
+    version: int = Field(default=0, ge=0)
+    checkpoint_requests: int = Field(default=0, ge=0, description="Grows by one for every 'checkpoint now'.")
+    checkpoint_interval_steps: int | None = Field(default=None, ge=1)
+    compression: Compression | None = None
+    powersgd_rank: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    gradient_accumulation: int | None = Field(default=None, ge=1)
+    reason: str = Field(default="", max_length=500)
+
+
+def violations(ranges: JobRanges, directives: Directives) -> list[str]:
+    """Every way `directives` leaves the tenant's `ranges`, one sentence each naming the field; [] when inside."""
+    problems: list[str] = []
+    interval = directives.checkpoint_interval_steps
+    if interval is not None and interval not in ranges.checkpoint_interval_steps:
+        problems.append(_outside("checkpoint_interval_steps", interval, ranges.checkpoint_interval_steps))
+    if directives.compression is not None and directives.compression not in ranges.compression_allowed:
+        allowed = ", ".join(option.value for option in ranges.compression_allowed)
+        problems.append(f"compression {directives.compression.value!r} is not allowed (allowed: {allowed})")
+    if directives.compression is Compression.POWERSGD:
+        rank = directives.powersgd_rank
+        if rank is None:
+            problems.append("powersgd_rank is required with compression 'powersgd'")
+        elif ranges.powersgd_max_rank is None or rank > ranges.powersgd_max_rank:
+            problems.append(f"powersgd_rank {rank} is above the allowed maximum {ranges.powersgd_max_rank}")
+    elif directives.powersgd_rank is not None:
+        problems.append("powersgd_rank is only meaningful with compression 'powersgd'")
+    if directives.batch_size is not None:
+        if ranges.batch_size is None:
+            problems.append("batch_size may not be changed: the tenant declared no batch_size range")
+        elif directives.batch_size not in ranges.batch_size:
+            problems.append(_outside("batch_size", directives.batch_size, ranges.batch_size))
+    accumulation = directives.gradient_accumulation
+    if accumulation is not None and accumulation not in ranges.gradient_accumulation:
+        problems.append(_outside("gradient_accumulation", accumulation, ranges.gradient_accumulation))
+    return problems
+
+
+def _outside(field: str, value: int, allowed: Range) -> str:
+    return f"{field} {value} is outside the allowed range {allowed.min}..{allowed.max}"
+
+
+class WorkerSpec(_Model):
+    """What one node's workers need to know about their job; written by the launcher, read by the runtime."""
+
+    tenant: TenantId
+    job: JobId
+    epoch: int = Field(ge=0, description="Bumped by the provider whenever the job's node set or plan changes.")
+    parallel_plan: ParallelPlan = ParallelPlan.DDP
+    locality_group: str = Field(default="", max_length=64, description="This node's group (a tenant pseudonym).")
+    checkpoint_dir: Path
+    control_dir: Path
+    ranges: JobRanges = JobRanges()
+
+
+class DirectiveStatus(StrEnum):
+    APPLIED = "applied"
+    REFUSED = "refused"
+
+
+class DirectiveOutcome(_Model):
+    """What the runtime did with one version of the directives, and at which step."""
+
+    version: int = Field(ge=0)
+    status: DirectiveStatus
+    step: int = Field(ge=0)
+    reasons: tuple[str, ...] = ()
+
+
+class JobProgress(_Model):
+    """A running job's state as its global rank 0 sees it; rewritten at step boundaries (throttled)."""
+
+    tenant: TenantId
+    job: JobId
+    epoch: int = Field(ge=0)
+    step: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    parallel_plan: ParallelPlan
+    loss: float | None = None
+    samples_per_s: float | None = Field(default=None, ge=0)
+    resumed_from_step: int | None = Field(default=None, ge=0)
+    last_checkpoint_step: int | None = Field(default=None, ge=0)
+    checkpoint_interval_steps: int = Field(ge=1)
+    compression: Compression = Compression.NONE
+    powersgd_rank: int | None = None
+    batch_size: int = Field(ge=1)
+    gradient_accumulation: int = Field(default=1, ge=1)
+    directives_version: int = Field(default=0, ge=0, description="The last directives version handled.")
+    outcomes: tuple[DirectiveOutcome, ...] = Field(default=(), max_length=MAX_OUTCOMES)
+    updated_at: datetime
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def write_model_atomically(path: Path, model: BaseModel) -> None:
+    """Write `model` as JSON so that a reader sees the old file or the new one, never half of either."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(model.model_dump_json())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read_model(path: Path, model: type[ModelT]) -> ModelT | None:
+    """The model in `path`, or None when the file does not exist yet."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return model.model_validate(json.loads(text))
+
