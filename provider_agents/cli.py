@@ -80,10 +80,23 @@ def agent(
     carbon_every: Annotated[
         int, typer.Option(help="Re-send carbon every N ticks even unchanged.", min=1)
     ] = DEFAULT_CARBON_EVERY,
+    launch: Annotated[
+        bool, typer.Option(help="Run the node launcher (needs HZ_ADMIN_TOKEN and HZ_API_URL to relay progress).")
+    ] = True,
+    work_dir: Annotated[
+        Optional[Path], typer.Option(help="Node state and job control files (default: <HZ_DATA_DIR>/hosts/<host>).")
+    ] = None,
+    checkpoint_root: Annotated[
+        Optional[Path], typer.Option(help="Shared checkpoint storage (default: <HZ_DATA_DIR>/checkpoints).")
+    ] = None,
+    grace: Annotated[float, typer.Option(help="Seconds a node gets to checkpoint after SIGTERM.", min=0)] = 30.0,
+    stop_nodes_on_exit: Annotated[
+        bool, typer.Option(help="Stop this host's nodes when the agent exits (off: a restarted agent adopts them).")
+    ] = True,
     nats_url: Annotated[Optional[str], typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
-    """Run the host agent: publish this host's per-tenant events, raw telemetry and heartbeats."""
+    """Run the host agent: per-tenant events, raw telemetry, heartbeats, and this host's torchrun nodes."""
     from provider_agents.runtime import AgentOptions, SettingsError, run_agent
 
     _logging(log_level)
@@ -97,6 +110,11 @@ def agent(
         source=source,
         tick_s=tick,
         carbon_every=carbon_every,
+        launch=launch,
+        work_dir=work_dir,
+        checkpoint_root=checkpoint_root,
+        grace_s=grace,
+        stop_nodes_on_exit=stop_nodes_on_exit,
     )
     try:
         asyncio.run(run_agent(_settings(nats_url), options))
@@ -114,7 +132,7 @@ def fleet_monitor(
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
-    """Run the fleet monitor: report hosts that miss heartbeats to the tenants placed on them."""
+    """Run the provider's central loops: fleet monitor (outages), rendezvous stores, micro loop (directives)."""
     from provider_agents.runtime import MonitorOptions, SettingsError, run_fleet_monitor
 
     _logging(log_level)

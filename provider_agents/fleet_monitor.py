@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -42,12 +43,22 @@ log = logging.getLogger(__name__)
 HEARTBEAT_FILTER = provider_filter("agents", ANY, "heartbeat")
 
 
+class OutageReporter(Protocol):
+    """Where the monitor reports outages so the control plane takes the host's workers out of their jobs."""
+
+    async def report_host_down(self, host: str) -> list[str]: ...
+
+    async def report_host_up(self, host: str) -> None: ...
+
+
 @dataclass
 class _HostLiveness:
     last_seen: float
     down: bool = False
     outages: int = 0
     told: set[tuple[str, str]] = field(default_factory=set)
+    reported_down: bool = False
+    report_up: bool = False
 
 
 class FleetMonitor:
@@ -63,6 +74,7 @@ class FleetMonitor:
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         missed_heartbeats: int = MISSED_HEARTBEATS_FOR_FAILURE,
         check_interval_s: float | None = None,
+        reporter: OutageReporter | None = None,
     ) -> None:
         if not secret:
             raise ValueError("the fleet monitor needs the provider secret (HZ_PROVIDER_SECRET) to make pseudonyms")
@@ -73,6 +85,7 @@ class FleetMonitor:
         self.silence_limit_s = heartbeat_interval_s * missed_heartbeats
         self.check_interval_s = check_interval_s if check_interval_s is not None else heartbeat_interval_s / 4
         self._hosts: dict[str, _HostLiveness] = {}
+        self._reporter = reporter
         self._stop = asyncio.Event()
         self.checks = 0
         self.heartbeats = 0
@@ -102,6 +115,8 @@ class FleetMonitor:
             log.info("host %s is back after outage %d", beat.host, state.outages)
             state.down = False
             state.told.clear()
+            state.report_up = state.reported_down
+            state.reported_down = False
 
     async def check(self) -> tuple[TenantEvent, ...]:
         """One evaluation: declare silent hosts down and tell the tenant jobs on them that were not told yet."""
@@ -120,6 +135,7 @@ class FleetMonitor:
                 state.down = True
                 state.outages += 1
                 log.warning("host %s missed its heartbeats for %.1f s: down", host, now - state.last_seen)
+            await self._report_down(host, state)
             assignment = fleet.get(host)
             if assignment is None:
                 continue
@@ -129,7 +145,33 @@ class FleetMonitor:
                 await self._sink.submit(item.subject, item.event)
                 state.told.add((item.tenant, item.job))
                 published.append(item)
+        await self._report_recoveries()
         return tuple(published)
+
+    async def _report_down(self, host: str, state: _HostLiveness) -> None:
+        """Tell the control plane once per outage (retried on the next check if it could not be reached)."""
+        if self._reporter is None or state.reported_down:
+            return
+        try:
+            shrunk = await self._reporter.report_host_down(host)
+        except Exception as exc:
+            log.warning("could not report host %s down to the control plane: %r", host, exc)
+            return
+        state.reported_down = True
+        log.warning("host %s reported down; jobs shrunk: %s", host, ", ".join(shrunk) or "none")
+
+    async def _report_recoveries(self) -> None:
+        if self._reporter is None:
+            return
+        for host, state in list(self._hosts.items()):
+            if not state.report_up:
+                continue
+            try:
+                await self._reporter.report_host_up(host)
+            except Exception as exc:
+                log.warning("could not report host %s up to the control plane: %r", host, exc)
+                continue
+            state.report_up = False
 
     async def run(self, nc: Client) -> None:
         """Listen to heartbeats and check every `check_interval_s` until `stop()`."""

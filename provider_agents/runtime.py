@@ -12,18 +12,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
 import nats
 from nats.aio.client import Client
 
 from broker_config.keys import ProviderKeys
+from harmonaize.desired_state import HostAssignment
 from harmonaize.settings import Settings
 from provider_agents.agent import Agent, AgentConfig
 from provider_agents.changes import DEFAULT_CARBON_EVERY
 from provider_agents.desired import FleetView, ensure_desired_state_bucket
+from provider_agents.control_plane import ControlPlane
 from provider_agents.fleet_monitor import FleetMonitor
+from provider_agents.micro_loop import MicroLoop
+from provider_agents.node_launcher import LauncherConfig, NodeLauncher
+from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
 from provider_agents.publisher import CoreSink, JetStreamPublisher
 from provider_agents.telemetry.detect import SourceKind, detect_source
 from provider_agents.telemetry.scenario import load_scenario
@@ -48,11 +55,37 @@ class AgentOptions:
     tick_s: float = 1.0
     carbon_every: int = DEFAULT_CARBON_EVERY
     max_pending: int = 1024
+    launch: bool = True
+    work_dir: Path | None = None
+    checkpoint_root: Path | None = None
+    grace_s: float = 30.0
+    stop_nodes_on_exit: bool = True
 
 
 @dataclass(frozen=True)
 class MonitorOptions:
     check_interval_s: float | None = None
+    rendezvous_bind: str = "127.0.0.1"
+    micro_loop_interval_s: float = 0.5
+
+
+def control_plane(settings: Settings) -> ControlPlane:
+    """The provider components' client of the control plane (HZ_API_URL, HZ_ADMIN_TOKEN)."""
+    if settings.admin_token is None or not settings.admin_token.get_secret_value():
+        raise SettingsError("HZ_ADMIN_TOKEN is not set (provider components report to the control plane with it)")
+    return ControlPlane(settings.resolved_api_url, settings.admin_token.get_secret_value())
+
+
+async def _every(interval_s: float, work: Callable[[], Awaitable[object]], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await work()
+        except Exception as exc:  # one failed pass (broker or API briefly away) must not end the loop
+            log.warning("%s failed: %r", getattr(work, "__name__", "pass"), exc)
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except TimeoutError:
+            pass
 
 
 def provider_secret(settings: Settings) -> bytes:
@@ -97,7 +130,7 @@ def _stop_on_signals(stop: Callable[[], None]) -> None:
 
 
 async def run_agent(settings: Settings, options: AgentOptions) -> None:
-    """Run one host agent until a signal."""
+    """Run one host agent (telemetry, heartbeats and, with `launch`, the node launcher) until a signal."""
     secret = provider_secret(settings)
     scenario = load_scenario(options.scenario) if options.scenario is not None else None
     source = detect_source(
@@ -110,9 +143,13 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         seed=options.seed,
     )
     log.info("host %s: telemetry from %s, group %s", options.host, type(source).__name__, source.locality_group)
+    control = control_plane(settings) if options.launch else None
     nc = await connect_provider(settings.nats_url, secret, name=f"hz-agent-{options.host}")
     publisher = JetStreamPublisher(nc.jetstream(), max_pending=options.max_pending)
     fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream()))
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    launcher: NodeLauncher | None = None
     try:
         fleet.start()
         publisher.start()
@@ -124,27 +161,95 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
             secret=secret,
             raw=CoreSink(nc),
         )
-        _stop_on_signals(agent.stop)
+        if control is not None:
+            launcher = _launcher(settings, options, nc, secret, control)
+            tasks += _launcher_loops(launcher, fleet, options.host, stop)
+
+        def on_signal() -> None:
+            stop.set()
+            agent.stop()
+
+        _stop_on_signals(on_signal)
         await agent.run()
     finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if launcher is not None:
+            await launcher.shutdown(stop_nodes=options.stop_nodes_on_exit)
         await fleet.stop()
         await publisher.close()
         await nc.close()
+        if control is not None:
+            await control.close()
+
+
+def _launcher(
+    settings: Settings, options: AgentOptions, nc: Client, secret: bytes, control: ControlPlane
+) -> NodeLauncher:
+    rendezvous: list[object] = []
+
+    async def endpoint(tenant: str, job: str) -> str | None:
+        if not rendezvous:
+            rendezvous.append(await ensure_rendezvous_bucket(nc.jetstream()))
+        return await lookup_endpoint(rendezvous[0], tenant, job)  # type: ignore[arg-type]
+
+    config = LauncherConfig(
+        host=options.host,
+        work_dir=options.work_dir or settings.data_dir / "hosts" / options.host,
+        checkpoint_root=options.checkpoint_root or settings.data_dir / "checkpoints",
+        grace_s=options.grace_s,
+    )
+    return NodeLauncher(config, secret=secret, endpoints=endpoint, on_progress=control.report_progress)
+
+
+def _launcher_loops(launcher: NodeLauncher, fleet: FleetView, host: str, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    def assignment() -> HostAssignment | None:
+        if not fleet.loaded:
+            return None
+        return fleet.assignment(host) or HostAssignment(
+            host=host, locality_group="", generation=0, updated_at=datetime.now(UTC)
+        )
+
+    async def converge() -> None:
+        await launcher.converge(assignment())
+
+    async def relay() -> None:
+        await launcher.relay_progress(assignment())
+
+    loop = asyncio.get_running_loop()
+    return [
+        loop.create_task(_every(0.1, converge, stop), name=f"hz-launcher-{host}"),
+        loop.create_task(_every(0.2, relay, stop), name=f"hz-progress-{host}"),
+    ]
 
 
 async def run_fleet_monitor(settings: Settings, options: MonitorOptions) -> None:
-    """Run the fleet monitor until a signal."""
+    """Run the provider's central loops until a signal: fleet monitor, rendezvous stores, micro loop."""
     secret = provider_secret(settings)
+    control = control_plane(settings)
     nc = await connect_provider(settings.nats_url, secret, name="hz-fleet-monitor")
     publisher = JetStreamPublisher(nc.jetstream())
     fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream()))
     try:
         fleet.start()
         publisher.start()
-        monitor = FleetMonitor(desired=fleet, sink=publisher, secret=secret, check_interval_s=options.check_interval_s)
-        _stop_on_signals(monitor.stop)
-        await monitor.run(nc)
+        monitor = FleetMonitor(
+            desired=fleet, sink=publisher, secret=secret, check_interval_s=options.check_interval_s, reporter=control
+        )
+        rendezvous = RendezvousHost(
+            desired=fleet, bucket=lambda: ensure_rendezvous_bucket(nc.jetstream()), bind_host=options.rendezvous_bind
+        )
+        micro = MicroLoop(desired=fleet, control_plane=control, interval_s=options.micro_loop_interval_s)
+
+        def on_signal() -> None:
+            monitor.stop()
+            rendezvous.stop()
+            micro.stop()
+
+        _stop_on_signals(on_signal)
+        await asyncio.gather(monitor.run(nc), rendezvous.run(), micro.run(nc))
     finally:
         await fleet.stop()
         await publisher.close()
         await nc.close()
+        await control.close()

@@ -109,6 +109,7 @@ def agent_process(agent_process_env: dict[str, str], tmp_path: Path) -> Iterator
     command = [
         *(sys.executable, "-m", "provider_agents.cli", "agent"),
         *("--host-id", "h9", "--locality-group", "g1", "--gpus", "2", "--tick", "0.2", "--log-level", "WARNING"),
+        "--no-launch",
     ]
     proc = subprocess.Popen(command, cwd=ROOT, env=agent_process_env, stdout=log, stderr=subprocess.STDOUT)
     yield proc

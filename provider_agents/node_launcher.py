@@ -1,0 +1,373 @@
+"""The node launcher: each host agent runs its host's torchrun node for every job the desired state places there.
+
+Level-triggered, like the rest of the agent: every pass compares what runs with what the host's assignment asks
+for and converges, so a restarted agent adopts the nodes that are still healthy instead of restarting them (each
+node's pid and spec are kept in `<work_dir>/jobs/<tenant>.<job>/node.json`; a process is only adopted if it still
+carries the node's environment marker, so a recycled pid is never mistaken for a node).
+
+A node is keyed by its *epoch* (and size, plan, entrypoint, rendezvous endpoint). The control plane bumps a job's
+epoch whenever its node set or plan changes, and every host of the job restarts its node into a fresh rendezvous
+(`--rdzv-id <tenant>.<job>.e<epoch>`) sized exactly to the job's node count (`--nnodes=N:N`), so the rendezvous
+closes as soon as the N nodes arrive instead of waiting out torchrun's last-call and keep-alive timeouts. The store
+is the provider's (`rendezvous_host`), reached as a client (`is_host=0`), so no worker host's death can take it down.
+
+How a node leaves an epoch depends on why (`AssignedJob.restart`): `graceful` (agreements) sends SIGTERM to torchrun,
+which forwards it; the job's runtime agrees on a step, checkpoints and exits 0; after `grace_s` whatever is left is
+killed. `immediate` (a peer host died) kills every process of the node at once: the survivors could not finish a
+collective checkpoint with a dead peer, and would hang in a collective if it was frozen rather than dead.
+
+Directives reach the job as a file (`directives.json` in the node's control directory), rewritten atomically when
+the assignment's directives version changes; the job applies them at a step boundary, without a restart. Progress
+goes the other way: the job's global rank 0 writes `progress.json`, and the launcher of the host it runs on relays
+each new version to the control plane.
+
+NOTES traps handled here: `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (scale-up deadlock in torch 2.13), keep-alive
+attempts >= 3 (split brain), workers found by marker (orphans), the store hosted outside the worker hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
+from harmonaize.job_runtime import (
+    CONTROL_DIRECTIVES_FILE,
+    CONTROL_PROGRESS_FILE,
+    ENV_NODE_MARKER,
+    ENV_RUN_SPEC,
+    JobProgress,
+    WorkerSpec,
+    read_model,
+    write_model_atomically,
+)
+from harmonaize.pseudonyms import locality_pseudonym
+from provider_agents.processes import alive, marked_processes, signal_marked
+
+__all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF"]
+
+log = logging.getLogger(__name__)
+
+RDZV_CONF = "is_host=0,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=120"
+"""Nodes are clients of the provider's store; short timeouts, but never fewer than 3 keep-alive attempts (split brain)."""
+
+EndpointLookup = Callable[[str, str], Awaitable[str | None]]
+ProgressSink = Callable[[JobProgress], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    host: str
+    work_dir: Path
+    checkpoint_root: Path
+    python: str = sys.executable
+    grace_s: float = 30.0
+    max_restarts: int = 3
+    monitor_interval_s: float = 0.5
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Everything that, when it changes, needs a new torchrun node."""
+
+    tenant: str
+    job: str
+    epoch: int
+    nodes: int
+    workers: int
+    plan: str
+    entrypoint: tuple[str, ...]
+    endpoint: str
+
+    @property
+    def marker_suffix(self) -> str:
+        return f"{self.tenant}.{self.job}.e{self.epoch}"
+
+
+@dataclass
+class _Node:
+    spec: NodeSpec
+    pid: int
+    marker: str
+    process: asyncio.subprocess.Process | None = None
+    returncode: int | None = None
+    failures: int = 0
+
+    def running(self) -> bool:
+        if self.process is not None:
+            return self.process.returncode is None
+        return alive(self.pid)
+
+
+class NodeLauncher:
+    """Runs, adopts and stops this host's torchrun nodes. `converge()` is one level-triggered pass."""
+
+    def __init__(
+        self,
+        config: LauncherConfig,
+        *,
+        secret: bytes,
+        endpoints: EndpointLookup,
+        on_progress: ProgressSink | None = None,
+    ) -> None:
+        self.config = config
+        self._secret = secret
+        self._endpoints = endpoints
+        self._on_progress = on_progress
+        self._nodes: dict[tuple[str, str], _Node] = {}
+        self._busy: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._directives_written: dict[tuple[str, str], int] = {}
+        self._progress_seen: dict[tuple[str, str], int] = {}
+        self.starts = 0
+        self.adopted = 0
+        self._adopt_existing()
+
+    # -- state on disk -------------------------------------------------------------------------------------------
+
+    def control_dir(self, tenant: str, job: str) -> Path:
+        return self.config.work_dir / "jobs" / f"{tenant}.{job}"
+
+    def _marker(self, spec: NodeSpec) -> str:
+        return f"{self.config.host}.{spec.marker_suffix}"
+
+    def _adopt_existing(self) -> None:
+        jobs_dir = self.config.work_dir / "jobs"
+        if not jobs_dir.is_dir():
+            return
+        for state_file in sorted(jobs_dir.glob("*/node.json")):
+            try:
+                state = json.loads(state_file.read_text())
+                spec = NodeSpec(**{**state["spec"], "entrypoint": tuple(state["spec"]["entrypoint"])})
+                pid, marker = int(state["pid"]), str(state["marker"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring unreadable node state %s: %r", state_file, exc)
+                continue
+            if pid in marked_processes(marker):
+                self._nodes[(spec.tenant, spec.job)] = _Node(spec=spec, pid=pid, marker=marker)
+                self.adopted += 1
+                log.info("adopted running node %s (pid %d)", marker, pid)
+
+    def _save_state(self, node: _Node) -> None:
+        path = self.control_dir(node.spec.tenant, node.spec.job) / "node.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": node.pid, "marker": node.marker, "spec": asdict(node.spec)}))
+        os.replace(tmp, path)
+
+    # -- the reconcile pass --------------------------------------------------------------------------------------
+
+    def running_nodes(self) -> dict[tuple[str, str], NodeSpec]:
+        return {key: node.spec for key, node in self._nodes.items() if node.running()}
+
+    async def converge(self, assignment: HostAssignment | None) -> None:
+        """One pass: stop nodes no longer wanted, start or restart the wanted ones, hand over directives.
+
+        `None` means the desired state is not known yet (not loaded): then nothing is touched, since stopping every
+        node because the agent has not read its assignment yet would be exactly the wrong reaction to a restart.
+        """
+        if assignment is None:
+            return
+        wanted = _launchable(assignment)
+        group = assignment.locality_group
+        for key in [key for key in self._nodes if key not in wanted and key not in self._busy]:
+            node = self._nodes.pop(key)
+            self._spawn(key, self._stop(node, RestartMode.GRACEFUL))
+        for key, job in wanted.items():
+            self._write_directives(job)
+            if key in self._busy:
+                continue
+            endpoint = await self._endpoints(job.tenant, job.job)
+            if endpoint is None:
+                continue
+            spec = NodeSpec(
+                tenant=job.tenant,
+                job=job.job,
+                epoch=job.epoch,
+                nodes=job.nodes,
+                workers=job.workers,
+                plan=job.parallel_plan.value,
+                entrypoint=tuple(job.entrypoint),
+                endpoint=endpoint,
+            )
+            node = self._nodes.get(key)
+            if node is None:
+                self._spawn(key, self._start(spec, job, group))
+            elif node.spec != spec:
+                self._spawn(key, self._replace(node, spec, job, group))
+            elif not node.running():
+                self._spawn(key, self._after_exit(node, job, group))
+
+    def _spawn(self, key: tuple[str, str], work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception:
+                log.exception("node launcher: %s/%s", *key)
+            finally:
+                self._busy.pop(key, None)
+
+        self._busy[key] = asyncio.get_running_loop().create_task(run(), name=f"hz-node-{key[0]}-{key[1]}")
+
+    async def settle(self) -> None:
+        """Wait for every start/stop in flight (tests and shutdown)."""
+        while self._busy:
+            await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
+
+    async def _replace(self, node: _Node, spec: NodeSpec, job: AssignedJob, group: str) -> None:
+        log.info(
+            "host %s: %s/%s epoch %d -> %d (%s restart)",
+            self.config.host, spec.tenant, spec.job, node.spec.epoch, spec.epoch, job.restart.value,
+        )
+        await self._stop(node, job.restart)
+        await self._start(spec, job, group)
+
+    async def _after_exit(self, node: _Node, job: AssignedJob, group: str) -> None:
+        code = node.process.returncode if node.process is not None else None
+        if code == 0:
+            return  # the job finished (or stopped cleanly) in this epoch: nothing to restart until the epoch moves
+        if node.failures >= self.config.max_restarts:
+            return
+        log.warning("host %s: node %s exited with %s; restarting", self.config.host, node.marker, code)
+        failures = node.failures + 1
+        await asyncio.sleep(min(0.5 * failures, 5.0))
+        await self._start(node.spec, job, group, failures=failures)
+
+    async def _start(self, spec: NodeSpec, job: AssignedJob, group: str, *, failures: int = 0) -> None:
+        control = self.control_dir(spec.tenant, spec.job)
+        control.mkdir(parents=True, exist_ok=True)
+        checkpoint_dir = self.config.checkpoint_root / spec.tenant / spec.job
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        worker_spec = WorkerSpec(
+            tenant=spec.tenant,
+            job=spec.job,
+            epoch=spec.epoch,
+            parallel_plan=job.parallel_plan,
+            locality_group=locality_pseudonym(self._secret, spec.tenant, group) if group else "",
+            checkpoint_dir=checkpoint_dir,
+            control_dir=control,
+            ranges=job.ranges,
+        )
+        spec_path = control / f"spec-e{spec.epoch}.json"
+        write_model_atomically(spec_path, worker_spec)
+        self._write_directives(job)
+        marker = self._marker(spec)
+        env = {
+            **os.environ,
+            **self.config.extra_env,
+            ENV_RUN_SPEC: str(spec_path),
+            ENV_NODE_MARKER: marker,
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        command = [
+            self.config.python, "-m", "torch.distributed.run",
+            f"--nnodes={spec.nodes}:{spec.nodes}",
+            f"--nproc-per-node={spec.workers}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.endpoint}",
+            f"--rdzv-id={spec.tenant}.{spec.job}.e{spec.epoch}",
+            f"--rdzv-conf={RDZV_CONF}",
+            f"--max-restarts={self.config.max_restarts}",
+            f"--monitor-interval={self.config.monitor_interval_s}",
+            *spec.entrypoint,
+        ]
+        log_path = control / f"node-e{spec.epoch}.log"
+        with open(log_path, "ab") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdout=log_file, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True
+            )
+        node = _Node(spec=spec, pid=process.pid, marker=marker, process=process, failures=failures)
+        self._nodes[(spec.tenant, spec.job)] = node
+        self._save_state(node)
+        self.starts += 1
+        log.info(
+            "host %s: started %s/%s epoch %d: %d worker(s), %d node(s), plan %s (pid %d)",
+            self.config.host, spec.tenant, spec.job, spec.epoch, spec.workers, spec.nodes, spec.plan, process.pid,
+        )
+
+    async def _stop(self, node: _Node, mode: RestartMode) -> None:
+        if mode is RestartMode.IMMEDIATE or not node.running():
+            signal_marked(node.marker, signal.SIGKILL)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(node.pid, signal.SIGTERM)
+            await self._wait_gone(node, self.config.grace_s)
+            signal_marked(node.marker, signal.SIGKILL)
+        await self._wait_gone(node, 5.0)
+        if node.process is not None and node.process.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(node.process.wait(), 5.0)
+
+    async def _wait_gone(self, node: _Node, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if node.process is not None and node.process.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(node.process.wait(), 0.1)
+            if not marked_processes(node.marker):
+                return
+            await asyncio.sleep(0.05)
+
+    async def shutdown(self, *, stop_nodes: bool) -> None:
+        """Finish in-flight work; stop every node only when asked (an agent restart must leave them running)."""
+        await self.settle()
+        if stop_nodes:
+            for key in list(self._nodes):
+                await self._stop(self._nodes.pop(key), RestartMode.GRACEFUL)
+
+    # -- files shared with the job -------------------------------------------------------------------------------
+
+    def _write_directives(self, job: AssignedJob) -> None:
+        key = (job.tenant, job.job)
+        if self._directives_written.get(key) == job.directives.version:
+            return
+        write_model_atomically(self.control_dir(*key) / CONTROL_DIRECTIVES_FILE, job.directives)
+        self._directives_written[key] = job.directives.version
+
+    async def relay_progress(self, assignment: HostAssignment | None) -> int:
+        """Relay each job's new progress file (only the host of the job's rank 0 has one that changes)."""
+        if assignment is None or self._on_progress is None:
+            return 0
+        relayed = 0
+        for key in _launchable(assignment):
+            relayed += await self._relay_progress(key)
+        return relayed
+
+    async def _relay_progress(self, key: tuple[str, str]) -> int:
+        assert self._on_progress is not None
+        path = self.control_dir(*key) / CONTROL_PROGRESS_FILE
+        try:
+            stamp = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+        if self._progress_seen.get(key) == stamp:
+            return 0
+        try:
+            progress = read_model(path, JobProgress)
+        except (ValidationError, ValueError) as exc:
+            log.warning("ignoring unreadable progress %s: %r", path, exc)
+            self._progress_seen[key] = stamp
+            return 0
+        if progress is None or (progress.tenant, progress.job) != key:
+            return 0
+        await self._on_progress(progress)
+        self._progress_seen[key] = stamp
+        return 1
+
+
+def _launchable(assignment: HostAssignment) -> dict[tuple[str, str], AssignedJob]:
+    return {
+        (job.tenant, job.job): job for job in assignment.jobs if job.workers > 0 and job.entrypoint and job.nodes > 0
+    }
