@@ -32,13 +32,17 @@ async def mark_host_down(session: AsyncSession, host_id: str, *, now: datetime) 
         host = await session.get(Host, host_id, populate_existing=True)
         if host is None:
             raise NotFoundError(f"no host {host_id!r}")
-        if host.down_at is None:
+        was_down = host.down_at is not None
+        if not was_down:
             host.down_at = now
         allocations = list(
             await session.scalars(
                 select(Allocation).where(Allocation.host_id == host_id, Allocation.released_at.is_(None))
             )
         )
+        if was_down and not allocations:
+            await session.rollback()
+            return []
         shrunk: dict[tuple[str, str], int] = {}
         for allocation in allocations:
             allocation.released_at = now

@@ -106,7 +106,7 @@ def _announce(session: AsyncSession, record: JobDirective, directives: Directive
         tenant_id=record.tenant_id,
         job_id=record.job_id,
         data=DirectiveUpdate(
-            version=record.version if record.version is not None else directives.version,
+            version=record.version,
             state=record.state,
             checkpoint_requests=directives.checkpoint_requests,
             checkpoint_interval_steps=directives.checkpoint_interval_steps,

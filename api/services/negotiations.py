@@ -70,7 +70,9 @@ class NegotiationContext:
 
 async def _free_capacity(session: AsyncSession) -> FreeCapacity:
     free = Host.gpus - Host.allocated_gpus
-    rows = await session.execute(select(Host.locality_group, free).where(free > 0).order_by(Host.id))
+    rows = await session.execute(
+        select(Host.locality_group, free).where(free > 0, Host.down_at.is_(None)).order_by(Host.id)
+    )
     return FreeCapacity(hosts=tuple((group, int(gpus)) for group, gpus in rows))
 
 

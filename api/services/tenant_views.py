@@ -44,7 +44,9 @@ async def tenant_capacity(session: AsyncSession, *, tenant_id: str, secret: byte
     """Bucketed free GPUs per locality group, named by this tenant's pseudonyms and sorted by them (so the order
     says nothing about the provider's own names)."""
     rows = await session.execute(
-        select(Host.locality_group, func.sum(Host.gpus - Host.allocated_gpus)).group_by(Host.locality_group)
+        select(Host.locality_group, func.sum(Host.gpus - Host.allocated_gpus))
+        .where(Host.down_at.is_(None))
+        .group_by(Host.locality_group)
     )
     groups = []
     for group, free in rows:

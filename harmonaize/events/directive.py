@@ -35,7 +35,9 @@ class DirectiveUpdate(EventData):
     KIND: ClassVar[EventKind] = EventKind.DIRECTIVE
     VERSION: ClassVar[int] = 1
 
-    version: int = Field(ge=0)
+    version: int | None = Field(
+        default=None, ge=0, description="None for a proposal the control plane refused: it never became a version."
+    )
     state: DirectiveState
     checkpoint_requests: int = Field(ge=0)
     checkpoint_interval_steps: int | None = Field(default=None, ge=1)
