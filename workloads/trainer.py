@@ -1,0 +1,503 @@
+"""`TrainingRun`: the few lines a torchrun training script adds to become an elastic HarmonAIze job.
+
+    run = TrainingRun(model_factory=Net, optimizer_factory=lambda params: AdamW(params, lr=1e-3), batch_size=32)
+    with run:                                   # process group, plan, model, resume from the latest checkpoint
+        while run.running:                      # False once every rank agreed to stop (SIGTERM, max_steps)
+            loss = run.train_step(loss_fn)      # loss_fn(model, MicroBatch) -> scalar tensor
+
+One training step is: `gradient_accumulation` micro-batches (gradient sync only on the last), an optimizer step,
+then the *step boundary*. At the boundary every rank joins one all-reduce (SUM, float64) of a small vector: its
+stop flag, its loss, and, from global rank 0 only, a directive version newer than the last handled (zeros elsewhere,
+so the sum is rank 0's values exactly). From the same reduced vector every rank derives the same decisions: stop
+after this step, apply or refuse that directive version, checkpoint now. That is what makes "all ranks change at the
+same step" true without extra rounds. Then, if due, a checkpoint (see `checkpoint`), then progress (rank 0).
+
+What a checkpoint holds beyond model and optimizer (`trainer.json`): the step, the last applied directives (level
+state laid over the script's defaults on resume), the last handled directive version and `checkpoint_requests`
+counter (so a restart neither re-applies nor re-checkpoints what it already did), and the recent outcomes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+
+from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveStatus
+from harmonaize.jobs import Compression, ParallelPlan
+from workloads.checkpoint import CheckpointIO, checkpoint_name
+from workloads.compression import CompressionSetting, wrap_ddp
+from workloads.data import MicroBatch, seeded_generator
+from workloads.directives import (
+    DirectiveReader,
+    Settings,
+    decide,
+    decode,
+    effective_settings,
+    encode,
+    with_compression_possible,
+)
+from workloads.dump import dump_mesh, dump_model
+from workloads.plans import ParallelSetup, plan_parallelism, shard_model
+from workloads.progress import ProgressReporter, ThroughputMeter
+from workloads.signals import StopFlag
+from workloads.spec import RunConfig, default_interval, load_run_config
+
+__all__ = ["LossFn", "TrainingRun"]
+
+LossFn = Callable[[nn.Module, MicroBatch], torch.Tensor]
+"""Computes one micro-batch's mean loss: make `batch.size` samples from `batch.generator`, on `batch.device`."""
+
+TRAINER_STATE_FORMAT = 1
+
+_log = logging.getLogger("workloads")
+
+
+class TrainingRun:
+    """One worker's view of an elastic training job; every method with a collective is called by all ranks alike."""
+
+    def __init__(
+        self,
+        model_factory: Callable[[], nn.Module],
+        optimizer_factory: Callable[[Iterable[nn.Parameter]], Optimizer],
+        *,
+        batch_size: int,
+        gradient_accumulation: int = 1,
+        checkpoint_interval_steps: int = 100,
+        max_steps: int | None = None,
+        seed: int = 0,
+        shard_modules: tuple[type[nn.Module], ...] = (),
+        keep_checkpoints: int = 3,
+        config: RunConfig | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        """Prepare a run; nothing distributed happens before `start()` (or `with run:`).
+
+        `batch_size` is the per-rank micro-batch size; a global step sees batch_size x gradient_accumulation x
+        world_size samples. `checkpoint_interval_steps` is clamped into the tenant's range when a spec is present.
+        `shard_modules` are the block types FSDP/HSDP shard one by one (e.g. transformer blocks).
+        `install_signal_handlers=False` leaves SIGTERM/SIGINT alone (for runs embedded in another program or a
+        test; `request_stop()` still works).
+        """
+        if batch_size < 1 or gradient_accumulation < 1:
+            raise ValueError("batch_size and gradient_accumulation must be at least 1")
+        self.config = config if config is not None else load_run_config()
+        self._model_factory = model_factory
+        self._optimizer_factory = optimizer_factory
+        self._shard_modules = shard_modules
+        self.max_steps = max_steps
+        self.seed = seed
+        self._keep = keep_checkpoints
+        self.defaults = Settings(
+            checkpoint_interval_steps=default_interval(checkpoint_interval_steps, self.config),
+            batch_size=batch_size,
+            gradient_accumulation=gradient_accumulation,
+        )
+        self.settings = self.defaults
+        self._stop = StopFlag()
+        if install_signal_handlers:
+            self._stop.install()
+        self._created = time.monotonic()
+        self._started = False
+        self._closed = False
+        self._own_process_group = False
+        self._running = False
+        self._step = 0
+        self._loss: float | None = None
+        self.resumed_from_step: int | None = None
+        self.last_checkpoint_step: int | None = None
+        self._handled_version = -1
+        self._requests_seen = 0
+        self._applied: Directives | None = None
+        self._restored_outcomes: list[DirectiveOutcome] = []
+        self._meter = ThroughputMeter()
+        self._stop_reason = ""
+        self.parallel: ParallelSetup
+        self._module: nn.Module
+        self._model: nn.Module
+        self._optimizer: Optimizer
+
+    # -- public state ---------------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True until all ranks agreed to stop (a stop signal on any rank, or `max_steps` reached)."""
+        return self._running
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed (the step of the checkpoint this run would save now)."""
+        return self._step
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped model (DDP or FSDP); `module` is the plain one inside."""
+        return self._model
+
+    @property
+    def module(self) -> nn.Module:
+        return self._module
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self._optimizer
+
+    @property
+    def plan(self) -> ParallelPlan:
+        """The plan actually used (HSDP falls back to FSDP when locality groups differ in size)."""
+        return self.parallel.used
+
+    @property
+    def batch_size(self) -> int:
+        return self.settings.batch_size
+
+    @property
+    def gradient_accumulation(self) -> int:
+        return self.settings.gradient_accumulation
+
+    @property
+    def loss(self) -> float | None:
+        """The last step's loss, averaged over ranks."""
+        return self._loss
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close(failed=exc_type is not None)
+
+    def start(self) -> Self:
+        """Join the process group, build the plan and the model, resume from the latest checkpoint (collective)."""
+        if self._started:
+            return self
+        began = time.monotonic()
+        self._device = self._init_process_group()
+        self.parallel = plan_parallelism(
+            self.config.parallel_plan, self.config.locality_group, device_type=self._device.type
+        )
+        self._info("plan: %s", self.parallel.describe())
+        if self.parallel.fallback_reason:
+            self._warn("HSDP not possible: %s", self.parallel.fallback_reason)
+        self._ckpt = CheckpointIO(
+            self.config.checkpoint_dir,
+            rank=self.rank,
+            world_size=self.world_size,
+            keep=self._keep,
+            crash_hook=self._crash_hook,
+        )
+        latest, trainer_state = self._ckpt.find_latest()
+        if trainer_state is not None:
+            self._restore_trainer_state(trainer_state)
+        self.settings = self._runnable(effective_settings(self.defaults, self._applied))
+        self._build_model()
+        if latest is not None:
+            loaded = time.monotonic()
+            app_state = self._app_state()
+            self._ckpt.load(latest, app_state)
+            set_state_dict(
+                self._model, self._optimizer, model_state_dict=app_state["model"], optim_state_dict=app_state["optim"]
+            )
+            self._step = self.resumed_from_step = self.last_checkpoint_step = latest.step
+            dump_model(
+                self.config.dump_dir,
+                f"loaded-step{latest.step}-world{self.world_size}-{self.plan.value}.pt",
+                self._model,
+                rank=self.rank,
+            )
+            self._info(
+                "resumed from %s (world %d, %s) in %.2f s", latest.path.name, self.world_size, self.plan.value,
+                time.monotonic() - loaded,
+            )
+        self._ckpt.clean_partials()
+        dump_mesh(self.config.dump_dir, self.parallel, rank=self.rank, world_size=self.world_size)
+        self._progress = ProgressReporter(
+            self.config.control_dir,
+            tenant=self.config.tenant,
+            job=self.config.job,
+            epoch=self.config.epoch,
+            enabled=self.rank == 0,
+            outcomes=self._restored_outcomes,
+        )
+        self._reader = DirectiveReader(self.config.control_dir if self.rank == 0 else None)
+        self._started = True
+        self._running = True
+        self._report(force=True)
+        self._boundary(local_loss=None)
+        self._info(
+            "ready at step %d: world %d, plan %s, batch %d x %d, checkpoint every %d (start took %.2f s)",
+            self._step, self.world_size, self.plan.value, self.settings.batch_size,
+            self.settings.gradient_accumulation, self.settings.checkpoint_interval_steps, time.monotonic() - began,
+        )
+        return self
+
+    def close(self, *, failed: bool = False) -> None:
+        """Write final progress and leave the process group; after a failure, touch nothing collective."""
+        if self._closed or not self._started:
+            return
+        self._closed = True
+        if failed:
+            return
+        self._report(force=True)
+        self._info("exiting at step %d (%s)", self._step, self._stop_reason or "closed")
+        if self._own_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def request_stop(self) -> None:
+        """Stop after the current step as if SIGTERM had arrived (agreed at the next boundary, checkpointed)."""
+        self._stop.request()
+
+    # -- training -------------------------------------------------------------------------------------------------
+
+    def train_step(self, loss_fn: LossFn) -> float:
+        """One optimizer step over `gradient_accumulation` micro-batches, then the step boundary.
+
+        Returns this step's loss averaged over ranks (the same number on every rank).
+        """
+        if not self._running:
+            raise RuntimeError("the run has stopped (check `running` before stepping)")
+        settings = self.settings
+        total = 0.0
+        for micro in range(settings.gradient_accumulation):
+            batch = MicroBatch(
+                step=self._step,
+                micro=micro,
+                rank=self.rank,
+                size=settings.batch_size,
+                generator=seeded_generator(self.seed, self._step, self.rank, micro),
+                device=self._device,
+            )
+            with self._gradient_sync(micro == settings.gradient_accumulation - 1):
+                loss = loss_fn(self._model, batch)
+                (loss / settings.gradient_accumulation).backward()
+            total += float(loss.detach())
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        self._step += 1
+        self._meter.record(settings.batch_size * settings.gradient_accumulation * self.world_size)
+        self._boundary(local_loss=total / settings.gradient_accumulation)
+        return self._loss if self._loss is not None else float("nan")
+
+    def micro_batches(self) -> Iterator[MicroBatch]:
+        """The micro-batches the next `train_step` will draw (for scripts that evaluate on the same data)."""
+        for micro in range(self.settings.gradient_accumulation):
+            yield MicroBatch(
+                step=self._step, micro=micro, rank=self.rank, size=self.settings.batch_size,
+                generator=seeded_generator(self.seed, self._step, self.rank, micro), device=self._device,
+            )
+
+    # -- the step boundary ----------------------------------------------------------------------------------------
+
+    def _boundary(self, *, local_loss: float | None) -> None:
+        pending = self._reader.pending(self._handled_version) if self.rank == 0 else None
+        vector = [1.0 if self._stop else 0.0, local_loss or 0.0, *encode(pending)]
+        agreed = torch.tensor(vector, dtype=torch.float64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.SUM)
+        values = agreed.tolist()
+        stop = values[0] > 0
+        if local_loss is not None:
+            self._loss = values[1] / self.world_size
+        directives = decode(values[2:])
+        checkpoint_now = self._handle_directives(directives) if directives is not None else False
+        finished = self.max_steps is not None and self._step >= self.max_steps
+        if stop and not self._stop_reason:
+            self._stop_reason = f"stop requested ({self._stop.signal_name or 'by a peer'})"
+        elif finished and not self._stop_reason:
+            self._stop_reason = f"max_steps {self.max_steps} reached"
+        since = self._step - (self.last_checkpoint_step or 0)
+        due = checkpoint_now or stop or finished or since >= self.settings.checkpoint_interval_steps
+        saved = False
+        if due and self.last_checkpoint_step != self._step and (self._step > 0 or checkpoint_now):
+            self._save()
+            saved = True
+        if stop or finished:
+            self._running = False
+        self._report(force=saved or directives is not None or not self._running)
+
+    def _handle_directives(self, directives: Directives) -> bool:
+        """Apply or refuse one version (same decision on every rank); True when it asks for a checkpoint now."""
+        settings, outcome = decide(
+            self.defaults, directives, ranges=self.config.ranges, plan=self.plan, step=self._step
+        )
+        self._handled_version = directives.version
+        self._progress.record_outcome(outcome)
+        if outcome.status is DirectiveStatus.REFUSED:
+            self._warn("step %d: directives v%d refused: %s", self._step, directives.version, "; ".join(outcome.reasons))
+            return False
+        assert settings is not None
+        self._applied = directives
+        self._apply_settings(settings)
+        checkpoint_now = directives.checkpoint_requests > self._requests_seen
+        self._requests_seen = max(self._requests_seen, directives.checkpoint_requests)
+        self._info(
+            "step %d: directives v%d applied: compression %s%s, batch %d x %d, checkpoint every %d%s",
+            self._step, directives.version, settings.compression.value,
+            f" rank {settings.powersgd_rank}" if settings.powersgd_rank else "", settings.batch_size,
+            settings.gradient_accumulation, settings.checkpoint_interval_steps,
+            ", checkpoint now" if checkpoint_now else "",
+        )
+        return checkpoint_now
+
+    def _apply_settings(self, settings: Settings) -> None:
+        settings = self._runnable(settings)
+        compression_changed = (settings.compression, settings.powersgd_rank) != (
+            self.settings.compression,
+            self.settings.powersgd_rank,
+        )
+        self.settings = settings
+        if compression_changed and self.plan is ParallelPlan.DDP:
+            old = self._model
+            self._model = self._wrap_ddp()
+            del old
+
+    def _runnable(self, settings: Settings) -> Settings:
+        """`settings` minus what the plan in use cannot do (a fp16 directive from DDP days, resumed under FSDP)."""
+        if not hasattr(self, "parallel"):
+            return settings
+        runnable, reason = with_compression_possible(settings, self.parallel.used)
+        if reason:
+            self._warn("%s", reason)
+        return runnable
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        began = time.monotonic()
+        path = self._ckpt.save(self._step, self._app_state(), self._trainer_state())
+        self.last_checkpoint_step = self._step
+        dump_model(self.config.dump_dir, f"saved-step{self._step}.pt", self._model, rank=self.rank)
+        self._info("checkpoint %s saved in %.2f s", path.name, time.monotonic() - began)
+
+    def _app_state(self) -> dict[str, Any]:
+        model_state, optim_state = get_state_dict(self._model, self._optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "format": TRAINER_STATE_FORMAT,
+            "step": self._step,
+            "checkpoint": checkpoint_name(self._step),
+            "world_size": self.world_size,
+            "parallel_plan": self.plan.value,
+            "seed": self.seed,
+            "handled_version": self._handled_version,
+            "checkpoint_requests_seen": self._requests_seen,
+            "applied_directives": self._applied.model_dump(mode="json") if self._applied is not None else None,
+            "outcomes": [outcome.model_dump(mode="json") for outcome in self._progress.outcomes],
+            "loss": self._loss,
+            "saved_at": datetime.now(UTC).isoformat(),
+        }
+
+    def _restore_trainer_state(self, state: dict[str, Any]) -> None:
+        if state.get("format") != TRAINER_STATE_FORMAT:
+            raise RuntimeError(f"unknown trainer state format {state.get('format')!r}")
+        self._handled_version = int(state["handled_version"])
+        self._requests_seen = int(state["checkpoint_requests_seen"])
+        applied = state.get("applied_directives")
+        self._applied = Directives.model_validate(applied) if applied is not None else None
+        self._restored_outcomes = [DirectiveOutcome.model_validate(item) for item in state.get("outcomes", [])]
+        self._loss = state.get("loss")
+
+    def _crash_hook(self, step: int, point: str) -> None:
+        """Test hook (`HZ_RUN_TEST_CRASH_SAVE`): the highest rank dies by SIGKILL at `point` of the save of `step`."""
+        if self.config.crash_save == (step, point) and self.rank == self.world_size - 1:
+            self._warn("test hook: killing myself during the save of step %d (%s)", step, point)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- plumbing -------------------------------------------------------------------------------------------------
+
+    def _init_process_group(self) -> torch.device:
+        """gloo on CPU; on CUDA, NCCL for tensors on the GPU and gloo for the CPU-side agreement and objects."""
+        if torch.cuda.is_available():
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+            backend = "cpu:gloo,cuda:nccl"
+        else:
+            device = torch.device("cpu")
+            backend = "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend)
+            self._own_process_group = True
+        return device
+
+    def _build_model(self) -> None:
+        torch.manual_seed(self.seed)
+        self._module = self._model_factory().to(self._device)
+        if self.plan is ParallelPlan.DDP:
+            self._model = self._wrap_ddp()
+        else:
+            self._model = shard_model(self._module, self.parallel, shard_modules=self._shard_modules)
+        self._optimizer = self._optimizer_factory(self._model.parameters())
+
+    def _wrap_ddp(self) -> DistributedDataParallel:
+        setting = CompressionSetting(compression=self.settings.compression, powersgd_rank=self.settings.powersgd_rank)
+        device_ids = [self._device.index] if self._device.type == "cuda" else None
+        return wrap_ddp(self._module, setting, device_ids=device_ids)
+
+    def _gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager[object]:
+        """Skip the gradient all-reduce / reduce-scatter on all but the last micro-batch."""
+        if isinstance(self._model, DistributedDataParallel):
+            return contextlib.nullcontext() if sync else self._model.no_sync()
+        set_sync = getattr(self._model, "set_requires_gradient_sync", None)
+        if set_sync is not None:
+            set_sync(sync)
+        return contextlib.nullcontext()
+
+    def _report(self, *, force: bool) -> None:
+        settings = self.settings
+        self._progress.report(
+            force=force,
+            step=self._step,
+            world_size=self.world_size,
+            parallel_plan=self.plan,
+            loss=self._loss,
+            samples_per_s=self._meter.samples_per_s(),
+            resumed_from_step=self.resumed_from_step,
+            last_checkpoint_step=self.last_checkpoint_step,
+            checkpoint_interval_steps=settings.checkpoint_interval_steps,
+            compression=settings.compression,
+            powersgd_rank=settings.powersgd_rank if settings.compression is Compression.POWERSGD else None,
+            batch_size=settings.batch_size,
+            gradient_accumulation=settings.gradient_accumulation,
+            directives_version=self._handled_version,
+        )
+
+    def _info(self, message: str, *args: object) -> None:
+        _log.info("[rank %d/%d] " + message, self.rank, self.world_size, *args)
+
+    def _warn(self, message: str, *args: object) -> None:
+        _log.warning("[rank %d/%d] " + message, self.rank, self.world_size, *args)
