@@ -67,12 +67,23 @@ def up(
     nats_port: Annotated[int, typer.Option(help="Broker client port; 0 picks a free one.", min=0, max=65535)] = 0,
     api_port: Annotated[Optional[int], typer.Option(help="API port (default 8080); 0 picks a free one.", min=0, max=65535)] = None,
     demo_tenant: Annotated[bool, typer.Option(help="Create the demo tenant and write its credentials.")] = True,
+    hosts: Annotated[
+        Optional[int], typer.Option(help="Simulated GPU hosts, in 2 locality groups (default: the scenario's 4).", min=1, max=64)
+    ] = None,
+    scenario: Annotated[
+        Optional[Path], typer.Option(help="Scenario YAML the simulated hosts live through (default: the demo's).")
+    ] = None,
+    fleet: Annotated[bool, typer.Option(help="Start the simulated hosts' agents and the provider's loops.")] = True,
 ) -> None:
-    """Start the local cloud: embedded nats-server, the API on SQLite, a demo tenant. Ctrl-C stops everything."""
+    """Start the local cloud: embedded nats-server, the API on SQLite, simulated GPU hosts with their agents, a demo
+    tenant. Ctrl-C stops everything."""
     from harmonaize.launcher import LocalCloudError, LocalCloudInfo, run_local_cloud
+    from harmonaize.local_fleet import fleet_of
     from broker_config.server import BrokerError
 
     settings = load_settings(data_dir=data_dir, api_port=api_port)
+    if scenario is not None and not scenario.is_file():
+        fail(f"scenario file not found: {scenario}", code=2)
 
     def ready(info: LocalCloudInfo) -> None:
         typer.echo("HarmonAIze local cloud is up  (Ctrl-C stops it)")
@@ -81,10 +92,22 @@ def up(
         typer.echo(f"  admin env       source {info.admin_env_file}")
         if info.tenant_env_file is not None:
             typer.echo(f"  demo tenant     source {info.tenant_env_file}")
+        for host, (group, gpus) in info.hosts.items():
+            typer.echo(f"  host {host:<10} group {group}, {gpus} GPU(s)    log: {info.logs_dir}/agent-{host}.log")
         typer.echo(f"  data dir        {info.data_dir}")
 
     try:
-        asyncio.run(run_local_cloud(settings, nats_port=nats_port, on_ready=ready, demo_tenant=demo_tenant))
+        asyncio.run(
+            run_local_cloud(
+                settings,
+                nats_port=nats_port,
+                on_ready=ready,
+                demo_tenant=demo_tenant,
+                fleet=fleet,
+                scenario=scenario,
+                hosts=fleet_of(hosts) if hosts is not None else None,
+            )
+        )
     except (LocalCloudError, BrokerError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

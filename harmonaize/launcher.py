@@ -1,6 +1,8 @@
-"""The local cloud in one process tree: an embedded nats-server, the control-plane API on SQLite, a demo tenant.
+"""The local cloud in one process tree: an embedded nats-server, the control-plane API on SQLite, a demo tenant, and
+the simulated fleet (four hosts in two locality groups by default, one agent process each, and the provider's
+central loops), so jobs placed by the control plane really run as torchrun nodes on this machine.
 
-`harmonaize up` calls `run_local_cloud`. Everything lives in the data dir (`.hz/` by default): the broker's config,
+`harmonaize up` calls `run_local_cloud`; `harmonaize demo` runs its story inside one. Everything lives in the data dir (`.hz/` by default): the broker's config,
 JetStream store and log, the SQLite database, the generated secrets and the demo tenant's credentials, so a second
 start resumes where the first stopped. A lock file keeps two clouds off one data dir.
 """
@@ -13,8 +15,9 @@ import json
 import os
 import secrets
 import signal
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
 
@@ -30,6 +33,7 @@ from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import render_accounts
 from broker_config.server import NatsServer, PortInUseError, port_is_free
+from harmonaize.local_fleet import DEFAULT_SCENARIO, LocalFleet, pin_scenario, register_hosts, scenario_hosts
 from harmonaize.settings import Settings
 
 DEMO_TENANT = "demo"
@@ -49,6 +53,8 @@ class LocalCloudInfo:
     admin_env_file: Path
     tenant_env_file: Path | None
     broker_log: Path
+    hosts: dict[str, tuple[str, int]] = field(default_factory=dict)
+    logs_dir: Path | None = None
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -156,8 +162,13 @@ async def run_local_cloud(
     on_ready: Callable[[LocalCloudInfo], None] = lambda info: None,
     stop: asyncio.Event | None = None,
     demo_tenant: bool = True,
+    fleet: bool = True,
+    scenario: Path | None = None,
+    hosts: dict[str, tuple[str, int]] | None = None,
+    story: Callable[[LocalCloudInfo, LocalFleet | None], Awaitable[None]] | None = None,
 ) -> None:
-    """Start broker and API, call `on_ready`, and run until `stop` is set (or SIGINT/SIGTERM); then stop both."""
+    """Start broker, API and fleet, call `on_ready`, and run until `stop` is set (or SIGINT/SIGTERM), or until
+    `story` returns when one is given; then stop everything (the fleet first, so jobs checkpoint)."""
     lock = _lock_data_dir(settings.data_dir)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -175,6 +186,7 @@ async def run_local_cloud(
         settings.data_dir / "broker", accounts_text=render_accounts(ProviderKeys(secret), []), port=nats_port
     )
     bus: NatsProviderBus | None = None
+    local_fleet: LocalFleet | None = None
     try:
         await upgrade_async(settings)
         try:
@@ -207,15 +219,56 @@ async def run_local_cloud(
             ),
         )
         tenant_env = await _ensure_demo_tenant(settings, api_url, server.url) if demo_tenant else None
-        on_ready(LocalCloudInfo(settings.data_dir, server.url, api_url, admin_env, tenant_env, server.log_file))
-        stop_task = asyncio.create_task(stop.wait())
-        await asyncio.wait({api.task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        if not fleet:
+            hosts = {}
+        elif hosts is None:
+            hosts = scenario_hosts(scenario or DEFAULT_SCENARIO)
+        if fleet:
+            local_fleet = _start_fleet(settings, api_url, server.url, secret, scenario or DEFAULT_SCENARIO, hosts)
+            await register_hosts(api_url, settings.admin_token.get_secret_value(), hosts)
+            local_fleet.start()
+        info = LocalCloudInfo(
+            settings.data_dir, server.url, api_url, admin_env, tenant_env, server.log_file, hosts,
+            settings.data_dir / "logs",
+        )
+        on_ready(info)
+        waits = {api.task, asyncio.create_task(stop.wait())}
+        if story is not None:
+            waits.add(asyncio.create_task(story(info, local_fleet)))
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if local_fleet is not None:
+            await asyncio.to_thread(local_fleet.stop)
+            local_fleet = None
         await api.stop()
-        stop_task.cancel()
+        for task in pending - {api.task}:
+            task.cancel()
+        for task in done - {api.task}:
+            task.result()
     finally:
+        if local_fleet is not None:
+            await asyncio.to_thread(local_fleet.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         if bus is not None:
             await bus.close()
         await asyncio.to_thread(server.stop)
         lock.close()
+
+
+def _start_fleet(
+    settings: Settings, api_url: str, nats_url: str, secret: bytes, scenario: Path, hosts: dict[str, tuple[str, int]]
+) -> LocalFleet:
+    """The fleet's processes, configured like the API (same secret and admin token) and all in step on one scenario."""
+    assert settings.admin_token is not None
+    pinned = pin_scenario(
+        scenario, settings.data_dir / "scenario.yaml", start=datetime.now(UTC) + timedelta(seconds=1), hosts=hosts
+    )
+    env = {
+        "HZ_PROVIDER_SECRET": secret.decode(),
+        "HZ_ADMIN_TOKEN": settings.admin_token.get_secret_value(),
+        "HZ_API_URL": api_url,
+        "HZ_NATS_URL": nats_url,
+        "HZ_DATA_DIR": str(settings.data_dir.resolve()),
+        "OMP_NUM_THREADS": "1",
+    }
+    return LocalFleet(data_dir=settings.data_dir, env=env, scenario=pinned, hosts=hosts)
