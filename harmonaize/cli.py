@@ -33,6 +33,7 @@ def _register_parts() -> None:
     app.command("agent")(agent)
     app.command("fleet-monitor")(fleet_monitor)
     app.add_typer(controller_app, name="controller")
+    app.add_typer(__import__("harmonaize.cli_services", fromlist=["app"]).app)  # `api ...`, `broker ...`
 
 
 _register_parts()
@@ -113,6 +114,45 @@ def up(
     except KeyboardInterrupt:
         pass
     typer.echo("HarmonAIze local cloud stopped.")
+
+
+@app.command()
+def demo(
+    data_dir: Annotated[
+        Optional[Path], typer.Option(help="State directory; must be new (default: a fresh temporary one).")
+    ] = None,
+    summary_json: Annotated[Optional[Path], typer.Option(help="Also write the summary as JSON here.")] = None,
+    live: Annotated[Optional[bool], typer.Option(help="Live status table (default: when stdout is a terminal).")] = None,
+) -> None:
+    """Run DESIGN.md's story on a fresh local cloud with a real training job and the example controllers (~3 min)."""
+    import tempfile
+
+    from rich.console import Console
+
+    from broker_config.server import BrokerError
+    from harmonaize.demo import DEMO_SCENARIO, DemoStory
+    from harmonaize.launcher import LocalCloudError, run_local_cloud
+
+    if data_dir is None:
+        data_dir = Path(tempfile.mkdtemp(prefix="hz-demo-"))
+    elif data_dir.exists() and any(data_dir.iterdir()):
+        fail(f"--data-dir {data_dir} is not empty: the demo needs a fresh cloud", code=2)
+    settings = load_settings(data_dir=data_dir, api_port=0)
+    scenario = data_dir / "demo-scenario.yaml"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    scenario.write_text(DEMO_SCENARIO)
+    console = Console()
+    story = DemoStory(console=console, summary_json=summary_json, live=live)
+    console.print(f"HarmonAIze demo: a fresh local cloud in {data_dir} (logs in {data_dir / 'logs'})")
+    try:
+        asyncio.run(run_local_cloud(settings, scenario=scenario, story=story))
+    except (LocalCloudError, BrokerError, RuntimeError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    summary = story.summary
+    if not (summary.scale_up and summary.recovered and summary.repartitioned and summary.history_complete):
+        fail("the story did not complete (see the summary and the logs)")
 
 
 @db_app.command("upgrade")

@@ -28,6 +28,7 @@ from pydantic import SecretStr
 from api.app import create_app
 from api.migrate import upgrade_async
 from api.options import NegotiationOptions
+from api.services.carbon_forecast import StepCurveForecast, TraceReplayForecast
 from broker_config.keys import ProviderKeys
 from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
@@ -35,6 +36,7 @@ from broker_config.render import render_accounts
 from broker_config.server import NatsServer, PortInUseError, port_is_free
 from harmonaize.local_fleet import DEFAULT_SCENARIO, LocalFleet, pin_scenario, register_hosts, scenario_hosts
 from harmonaize.settings import Settings
+from provider_agents.telemetry.scenario import BUILTIN_TRACE_NAMES, ScenarioError, load_scenario
 
 DEMO_TENANT = "demo"
 CARBON_SPEEDUP = 60.0
@@ -197,11 +199,13 @@ async def run_local_cloud(
             servers=[server.url], provider_secret=secret, accounts_file=server.accounts_file, reload=server.reload
         )
         bus = NatsProviderBus([server.url], provider_secret=secret)
+        scenario_start = datetime.now(UTC) + timedelta(seconds=1)
         app = create_app(
             settings.model_copy(update={"nats_url": server.url}),
             broker=broker,
             bus=bus,
-            negotiation=NegotiationOptions(carbon_speedup=CARBON_SPEEDUP),
+            negotiation=_negotiation_options(scenario or DEFAULT_SCENARIO, scenario_start) if fleet else
+            NegotiationOptions(carbon_speedup=CARBON_SPEEDUP),
         )
         api = await serve_api(app, host=settings.api_host, port=settings.api_port)
         api_url = f"http://{settings.api_host}:{api.port}"
@@ -224,7 +228,9 @@ async def run_local_cloud(
         elif hosts is None:
             hosts = scenario_hosts(scenario or DEFAULT_SCENARIO)
         if fleet:
-            local_fleet = _start_fleet(settings, api_url, server.url, secret, scenario or DEFAULT_SCENARIO, hosts)
+            local_fleet = _start_fleet(
+                settings, api_url, server.url, secret, scenario or DEFAULT_SCENARIO, hosts, start=scenario_start
+            )
             await register_hosts(api_url, settings.admin_token.get_secret_value(), hosts)
             local_fleet.start()
         info = LocalCloudInfo(
@@ -255,14 +261,37 @@ async def run_local_cloud(
         lock.close()
 
 
+def _negotiation_options(scenario: Path, start: datetime) -> NegotiationOptions:
+    """The provider's carbon forecast follows the scenario the hosts replay (its first host's region)."""
+    try:
+        loaded = load_scenario(scenario)
+    except ScenarioError as exc:
+        raise LocalCloudError(str(exc)) from None
+    region = next((spec.region for spec in loaded.hosts.values() if spec.region), None) or "US-CAL-CISO"
+    curve = loaded.carbon_for(region)
+    if curve.points is not None:
+        forecast = StepCurveForecast(anchor=start, steps=tuple((timedelta(seconds=point.at), point.g_per_kwh) for point in curve.points))
+        return NegotiationOptions(forecast=forecast, region=region)
+    if curve.trace is None or curve.trace in BUILTIN_TRACE_NAMES:
+        return NegotiationOptions(
+            forecast=TraceReplayForecast(anchor=start, speedup=curve.speedup), region=region
+        )
+    return NegotiationOptions(carbon_speedup=CARBON_SPEEDUP)
+
+
 def _start_fleet(
-    settings: Settings, api_url: str, nats_url: str, secret: bytes, scenario: Path, hosts: dict[str, tuple[str, int]]
+    settings: Settings,
+    api_url: str,
+    nats_url: str,
+    secret: bytes,
+    scenario: Path,
+    hosts: dict[str, tuple[str, int]],
+    *,
+    start: datetime,
 ) -> LocalFleet:
     """The fleet's processes, configured like the API (same secret and admin token) and all in step on one scenario."""
     assert settings.admin_token is not None
-    pinned = pin_scenario(
-        scenario, settings.data_dir / "scenario.yaml", start=datetime.now(UTC) + timedelta(seconds=1), hosts=hosts
-    )
+    pinned = pin_scenario(scenario, settings.data_dir / "scenario.yaml", start=start, hosts=hosts)
     env = {
         "HZ_PROVIDER_SECRET": secret.decode(),
         "HZ_ADMIN_TOKEN": settings.admin_token.get_secret_value(),

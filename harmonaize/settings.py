@@ -50,6 +50,30 @@ class Settings(BaseSettings):
     api_host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(default=8080, ge=0, le=65535, description="Port the API binds to (0: any free port).")
     api_url: str = Field(default="", description="Where tenants reach the API. Empty: http://<api_host>:<api_port>.")
+    api_max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="Largest request body the API reads; larger ones get 413. The largest real body is ~40 KB.",
+    )
+    negotiation_rate_per_s: float = Field(
+        default=20.0,
+        ge=0,
+        le=1_000_000,
+        description="Negotiation writes (open, accept, counter, reject, cancel) a tenant may make per second, "
+        "sustained; over it: 429 with Retry-After. 0 turns the limit off (benchmarks).",
+    )
+    negotiation_burst: int = Field(
+        default=200,
+        ge=1,
+        le=1_000_000,
+        description="Negotiation writes a tenant may make at once before the rate applies.",
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="A scrape-only bearer token for GET /v1/metrics, so Prometheus need not hold the admin token "
+        "(which also works).",
+    )
     tenant: str | None = Field(default=None, description="A tenant controller's tenant id.")
     tenant_token: SecretStr | None = Field(default=None, description="A tenant controller's API token.")
     tenant_nats_seed: SecretStr | None = Field(

@@ -95,6 +95,34 @@ class TraceReplayForecast:
         ]
 
 
+@dataclass(frozen=True)
+class StepCurveForecast:
+    """A step curve of (offset from `anchor`, g/kWh) points, e.g. a scenario's carbon curve; the last value holds.
+
+    The local cloud builds it from the same scenario its simulated hosts replay, so the provider's forecast and the
+    carbon the tenants are told about agree.
+    """
+
+    anchor: datetime
+    steps: tuple[tuple[timedelta, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise ValueError("a step curve needs at least one point")
+        offsets = [offset for offset, _ in self.steps]
+        if offsets != sorted(set(offsets)):
+            raise ValueError("step offsets must be strictly increasing")
+
+    def points(self, now: datetime) -> list[CarbonPoint]:
+        starts = [(self.anchor + offset, value) for offset, value in self.steps]
+        current = 0
+        for index, (start, _) in enumerate(starts):
+            if start <= now:
+                current = index
+        first_start, first_value = starts[current]
+        return [(min(first_start, now), first_value), *starts[current + 1 :]]
+
+
 def carbon_at(points: Sequence[CarbonPoint], at: datetime) -> float | None:
     """The forecast for the interval containing `at` (None before the first point, or without points)."""
     value = None

@@ -1,0 +1,40 @@
+"""`harmonaize demo` end to end, as a user runs it: the story completes and the summary says so, from the system's
+own records (the REST history, the job's timeline, the tenant's event feed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def test_the_demo_tells_the_whole_story(tmp_path: Path) -> None:
+    summary_file = tmp_path / "summary.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "harmonaize.cli", "demo", "--data-dir", str(tmp_path / "cloud"),
+         "--summary-json", str(summary_file), "--no-live"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    summary = json.loads(summary_file.read_text())
+    assert summary["scale_up"] and summary["recovered"] and summary["repartitioned"], summary
+    assert summary["history_complete"], summary
+    sizes = [(entry["world_size"], entry["parallel_plan"]) for entry in summary["world_sizes"]]
+    assert sizes[0] == (2, "ddp")
+    assert (3, "ddp") in sizes, "the counter-offer of 3 workers was carried out"
+    assert sizes[-1][1] == "hsdp"
+    kinds = {(n["kind"], n["state"]) for n in summary["negotiations"]}
+    assert ("scale", "accepted") in kinds and ("repartition", "accepted") in kinds
+    accepted_scale = next(n for n in summary["negotiations"] if n["kind"] == "scale" and n["state"] == "accepted")
+    assert accepted_scale["actions"] == ["tenant:request", "provider:offer", "tenant:accept"]
+    assert summary["steps_lost"] is not None and summary["steps_lost"] <= 1
+    assert any(d["state"] == "applied" and "predicted" in d["reason"] for d in summary["directives"])
+    for kind in ("carbon", "failure", "congestion", "negotiation", "job", "directive"):
+        assert summary["events"].get(kind, 0) >= 1, (kind, summary["events"])
+    assert summary["duration_s"] < 180
+    assert "Demo summary" in result.stdout
