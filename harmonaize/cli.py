@@ -33,6 +33,12 @@ def _register_parts() -> None:
     app.command("agent")(agent)
     app.command("fleet-monitor")(fleet_monitor)
     app.add_typer(controller_app, name="controller")
+    from harmonaize.cli_daily import events_app, jobs_app, negotiations_app, scenario_app
+
+    app.add_typer(events_app, name="events")
+    app.add_typer(negotiations_app, name="negotiations")
+    app.add_typer(jobs_app, name="jobs")
+    app.add_typer(scenario_app, name="scenario")
     app.add_typer(__import__("harmonaize.cli_services", fromlist=["app"]).app)  # `api ...`, `broker ...`
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import json
 import signal
 from datetime import UTC, datetime
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from pydantic import ValidationError
 
 from broker_config.keys import ProviderKeys
 from harmonaize.desired_state import HostAssignment
@@ -33,7 +36,7 @@ from provider_agents.node_launcher import LauncherConfig, NodeLauncher
 from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
 from provider_agents.publisher import CoreSink, JetStreamPublisher
 from provider_agents.telemetry.detect import SourceKind, detect_source
-from provider_agents.telemetry.scenario import load_scenario
+from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT, ScenarioInjection, load_scenario
 
 __all__ = ["AgentOptions", "MonitorOptions", "SettingsError", "connect_provider", "run_agent", "run_fleet_monitor"]
 
@@ -66,6 +69,7 @@ class AgentOptions:
 class MonitorOptions:
     check_interval_s: float | None = None
     rendezvous_bind: str = "127.0.0.1"
+    rendezvous_advertise: str | None = None
     micro_loop_interval_s: float = 0.5
 
 
@@ -164,6 +168,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         if control is not None:
             launcher = _launcher(settings, options, nc, secret, control)
             tasks += _launcher_loops(launcher, fleet, options.host, stop)
+        await _accept_injections(nc, source, options.host)
 
         def on_signal() -> None:
             stop.set()
@@ -181,6 +186,28 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         await nc.close()
         if control is not None:
             await control.close()
+
+
+async def _accept_injections(nc: Client, source: object, host: str) -> None:
+    """Let `harmonaize scenario run` add episodes to a simulated host while it runs (a real host ignores them)."""
+    inject = getattr(source, "inject", None)
+
+    async def on_inject(msg: Msg) -> None:
+        try:
+            request = ScenarioInjection.model_validate_json(msg.data)
+        except ValidationError as exc:
+            log.warning("host %s: ignoring a malformed scenario injection: %s", host, exc.errors()[:1])
+            return
+        if inject is None:
+            reply = {"host": host, "applied": False, "reason": "not a simulated host"}
+        else:
+            inject(request.scenario, at=request.at)
+            reply = {"host": host, "applied": True}
+            log.info("host %s: scenario injected, starting %s", host, request.at.isoformat())
+        if msg.reply:
+            await nc.publish(msg.reply, json.dumps(reply).encode())
+
+    await nc.subscribe(SCENARIO_INJECT_SUBJECT, cb=on_inject)
 
 
 def _launcher(
@@ -237,7 +264,10 @@ async def run_fleet_monitor(settings: Settings, options: MonitorOptions) -> None
             desired=fleet, sink=publisher, secret=secret, check_interval_s=options.check_interval_s, reporter=control
         )
         rendezvous = RendezvousHost(
-            desired=fleet, bucket=lambda: ensure_rendezvous_bucket(nc.jetstream()), bind_host=options.rendezvous_bind
+            desired=fleet,
+            bucket=lambda: ensure_rendezvous_bucket(nc.jetstream()),
+            bind_host=options.rendezvous_bind,
+            advertise_host=options.rendezvous_advertise,
         )
         micro = MicroLoop(desired=fleet, control_plane=control, interval_s=options.micro_loop_interval_s)
 

@@ -223,6 +223,17 @@ class Scenario(_Spec):
         return self.carbon.get(region, CarbonSpec())
 
 
+SCENARIO_INJECT_SUBJECT = "hz.p.scenario.inject"
+"""Provider-internal: where `harmonaize scenario run` sends episodes to every running simulated host."""
+
+
+class ScenarioInjection(_Spec):
+    """A scenario to add to running simulated hosts, its offsets counted from `at`."""
+
+    scenario: Scenario
+    at: UtcDatetime
+
+
 class ScenarioError(ValueError):
     """A scenario that cannot be used; each problem names its field (`congestion[0].slowdown`)."""
 

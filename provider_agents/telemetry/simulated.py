@@ -62,11 +62,25 @@ class SimulatedHost:
         self._memory_gib = spec.gpu_memory_gib
         self._tdp_w = spec.gpu_power_w
         self._carbon = curve_from_spec(self.region, self.scenario.carbon_for(self.region))
+        self._carbon_start = self.start
+        self._layers: list[tuple[Scenario, datetime]] = [(self.scenario, self.start)]
+
+    def inject(self, scenario: Scenario, *, at: datetime | None = None) -> None:
+        """Live through `scenario` too, its offsets counted from `at` (default: now), on top of what runs already.
+
+        Episodes add up (a new congestion episode joins the running ones); a carbon curve for this host's region
+        replaces the current one from `at` on. This is what `harmonaize scenario run` sends to a running cloud.
+        """
+        start = at or scenario.start or self.clock.now()
+        self._layers.append((scenario, start))
+        if self.region in scenario.carbon:
+            self._carbon = curve_from_spec(self.region, scenario.carbon[self.region])
+            self._carbon_start = start
 
     def sample(self) -> HostTelemetry:
         now = self.clock.now()
         offset = (now - self.start).total_seconds()
-        failures = self._failures(offset)
+        failures = tuple(item for layer in self._layered(now) for item in self._failures(*layer))
         return HostTelemetry(
             host=self.host,
             locality_group=self.locality_group,
@@ -76,14 +90,20 @@ class SimulatedHost:
                 intra_group_gbps=self.scenario.fabric.intra_group_gbps,
                 inter_group_gbps=self.scenario.fabric.inter_group_gbps,
             ),
-            links=self._links(offset),
+            links=tuple(item for layer in self._layered(now) for item in self._links(*layer)),
             failures=failures,
-            maintenance=self._maintenance(offset),
-            carbon=self._carbon.reading(start=self.start, offset_s=offset),
+            maintenance=tuple(item for layer in self._layered(now) for item in self._maintenance(*layer)),
+            carbon=self._carbon.reading(
+                start=self._carbon_start, offset_s=(now - self._carbon_start).total_seconds()
+            ),
         )
 
-    def _at(self, offset_s: float) -> datetime:
-        return self.start + timedelta(seconds=offset_s)
+    def _layered(self, now: datetime) -> list[tuple[Scenario, datetime, float, int]]:
+        """(scenario, its start, offset now, layer number) for the base scenario and each injected one."""
+        return [
+            (scenario, start, (now - start).total_seconds(), number)
+            for number, (scenario, start) in enumerate(self._layers)
+        ]
 
     def _noise(self, offset_s: float, *parts: object) -> float:
         """A uniform number in [0, 1) fixed by (seed, host, millisecond, parts)."""
@@ -123,9 +143,9 @@ class SimulatedHost:
             )
         return tuple(samples)
 
-    def _links(self, offset: float) -> tuple[LinkCongestion, ...]:
+    def _links(self, scenario: Scenario, start: datetime, offset: float, layer: int) -> tuple[LinkCongestion, ...]:
         links = []
-        for episode in self.scenario.congestion:
+        for episode in scenario.congestion:
             end = None if episode.duration is None else episode.start + episode.duration
             if self.locality_group not in episode.groups or offset < episode.start:
                 continue
@@ -137,15 +157,15 @@ class SimulatedHost:
                     groups=episode.groups,
                     utilization=episode.utilization,
                     slowdown=episode.slowdown,
-                    since=self._at(episode.start),
-                    expected_until=self._at(end) if end is not None and episode.announce_end else None,
+                    since=_at(start, episode.start),
+                    expected_until=_at(start, end) if end is not None and episode.announce_end else None,
                 )
             )
         return tuple(links)
 
-    def _failures(self, offset: float) -> tuple[FailureSignal, ...]:
+    def _failures(self, scenario: Scenario, start: datetime, offset: float, layer: int) -> tuple[FailureSignal, ...]:
         found = []
-        for failure in self.scenario.failures:
+        for failure in scenario.failures:
             ends = None if failure.duration is None else failure.at + failure.duration
             if failure.host != self.host or offset < failure.at or (ends is not None and offset >= ends):
                 continue
@@ -154,11 +174,11 @@ class SimulatedHost:
                     kind=RawFailureKind(failure.kind),
                     gpu_index=failure.gpu,
                     component=self._serial(failure.gpu) if failure.gpu is not None else self.host,
-                    detected_at=self._at(failure.at),
+                    detected_at=_at(start, failure.at),
                     reason=failure.reason,
                 )
             )
-        for predicted in self.scenario.predicted_failures:
+        for predicted in scenario.predicted_failures:
             if predicted.host != self.host or not predicted.at <= offset < predicted.eta:
                 continue
             found.append(
@@ -166,17 +186,19 @@ class SimulatedHost:
                     kind=RawFailureKind.PREDICTED_FAILURE,
                     gpu_index=predicted.gpu,
                     component=self._serial(predicted.gpu) if predicted.gpu is not None else self.host,
-                    detected_at=self._at(predicted.at),
+                    detected_at=_at(start, predicted.at),
                     reason=predicted.reason,
-                    eta=self._at(predicted.eta),
+                    eta=_at(start, predicted.eta),
                     confidence=predicted.confidence,
                 )
             )
         return tuple(found)
 
-    def _maintenance(self, offset: float) -> tuple[MaintenanceNotice, ...]:
+    def _maintenance(
+        self, scenario: Scenario, start: datetime, offset: float, layer: int
+    ) -> tuple[MaintenanceNotice, ...]:
         notices = []
-        for number, spec in enumerate(self.scenario.maintenance):
+        for number, spec in enumerate(scenario.maintenance):
             if spec.host != self.host or offset < spec.announce:
                 continue
             if offset < spec.start:
@@ -187,12 +209,16 @@ class SimulatedHost:
                 status = MaintenanceStatus.COMPLETED
             notices.append(
                 MaintenanceNotice(
-                    notice_id=spec.notice or f"sim-notice-{number}",
+                    notice_id=spec.notice or (f"sim-notice-{number}" if layer == 0 else f"sim-notice-{layer}-{number}"),
                     kind=spec.kind,
                     status=status,
-                    not_before=self._at(spec.start),
-                    not_after=self._at(spec.end),
+                    not_before=_at(start, spec.start),
+                    not_after=_at(start, spec.end),
                     early_approval=spec.early_approval,
                 )
             )
         return tuple(notices)
+
+
+def _at(start: datetime, offset_s: float) -> datetime:
+    return start + timedelta(seconds=offset_s)

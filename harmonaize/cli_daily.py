@@ -1,0 +1,272 @@
+"""Commands for daily use against a running cloud: what a tenant sees (`events tail`, `negotiations`, `jobs`) and
+what the provider can inject (`scenario run`).
+
+Tenant commands take the tenant's credentials from the environment (`source .hz/tenant-demo.env`): HZ_TENANT,
+HZ_TENANT_TOKEN, HZ_TENANT_NATS_SEED, HZ_API_URL, HZ_NATS_URL. `scenario run` is the provider's (HZ_PROVIDER_SECRET,
+HZ_NATS_URL: `source .hz/admin.env`). Exit codes: 0 done, 1 the cloud refused or failed (the reason on stderr),
+2 bad input or configuration (the variable or field named).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional
+
+import typer
+
+from harmonaize.settings import Settings
+
+__all__ = ["events_app", "jobs_app", "negotiations_app", "scenario_app"]
+
+events_app = typer.Typer(help="The tenant's event feed.", no_args_is_help=True)
+negotiations_app = typer.Typer(help="The tenant's negotiations (REST history).", no_args_is_help=True)
+jobs_app = typer.Typer(help="The tenant's jobs, their progress and the shapes they ran in.", no_args_is_help=True)
+scenario_app = typer.Typer(help="Inject scenarios into a running local cloud (provider).", no_args_is_help=True)
+
+
+def _fail(message: str, *, code: int = 1) -> NoReturn:
+    typer.echo(f"harmonaize: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    from harmonaize.cli import load_settings
+
+    return load_settings()
+
+
+def _need(value: object, variable: str, hint: str) -> str:
+    text = value.get_secret_value() if hasattr(value, "get_secret_value") else value  # type: ignore[union-attr]
+    if not text:
+        _fail(f"{variable} is not set ({hint})", code=2)
+    return str(text)
+
+
+TENANT_HINT = "source the tenant's env file, e.g. .hz/tenant-demo.env"
+
+
+def _tenant_request(method: str, path: str, **params: Any) -> Any:
+    import httpx
+
+    settings = _settings()
+    token = _need(settings.tenant_token, "HZ_TENANT_TOKEN", TENANT_HINT)
+    try:
+        reply = httpx.request(
+            method,
+            settings.resolved_api_url.rstrip("/") + path,
+            params={k: v for k, v in params.items() if v is not None},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+    except httpx.TransportError as exc:
+        _fail(f"cannot reach the API at {settings.resolved_api_url}: {exc}")
+    if reply.status_code in (401, 403):
+        _fail(f"the API refused the tenant token: {reply.json().get('reason', reply.text)}", code=2)
+    if reply.status_code == 422:
+        _fail(reply.json().get("reason", reply.text), code=2)
+    if reply.status_code >= 400:
+        _fail(reply.json().get("reason", reply.text) if reply.content else str(reply.status_code))
+    return reply.json()
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, default=str))
+
+
+# -- negotiations -----------------------------------------------------------------------------------------------
+
+
+@negotiations_app.command("list")
+def negotiations_list(
+    job: Annotated[Optional[str], typer.Option(help="Only this job's.")] = None,
+    state: Annotated[Optional[str], typer.Option(help="offered, accepted, rejected, declined, cancelled, expired.")] = None,
+    kind: Annotated[Optional[str], typer.Option(help="scale, repartition, defer, migrate_region.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (newest first).", min=1, max=500)] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Negotiations, newest first."""
+    page = _tenant_request("GET", "/v1/negotiations", job=job, state=state, kind=kind, limit=limit)
+    if as_json:
+        _print_json(page["items"])
+        return
+    for item in page["items"]:
+        typer.echo(f"{item['id']}  {item['created_at'][:19]}  {item['job']:<20} {item['kind']:<12} "
+                   f"{item['state']:<9} round {item['round']}")
+
+
+@negotiations_app.command("show")
+def negotiations_show(
+    negotiation_id: Annotated[str, typer.Argument(help="The negotiation's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """One negotiation with every round: who, when, what was asked and offered."""
+    detail = _tenant_request("GET", f"/v1/negotiations/{negotiation_id}")
+    if as_json:
+        _print_json(detail)
+        return
+    typer.echo(f"{detail['id']}  job {detail['job']}  {detail['kind']}  {detail['state']}")
+    for item in detail["rounds"]:
+        what = item.get("offer") or item.get("terms") or {}
+        note = f"  ({item['note']})" if item.get("note") else ""
+        typer.echo(f"  round {item['round']}  {item['at'][:19]}  {item['actor']:<8} {item['action']:<8} "
+                   f"{json.dumps(what, default=str)}{note}")
+
+
+# -- jobs -------------------------------------------------------------------------------------------------------
+
+
+@jobs_app.command("list")
+def jobs_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """The tenant's jobs."""
+    jobs = _tenant_request("GET", "/v1/jobs")
+    if as_json:
+        _print_json(jobs)
+        return
+    for job in jobs:
+        typer.echo(f"{job['id']:<24} workers {job['desired_workers']} ({job['min_workers']}-{job['max_workers']})  "
+                   f"plan {job['parallel_plan']}  epoch {job['placement_epoch']}")
+
+
+@jobs_app.command("show")
+def jobs_show(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """A job: its agreed shape, its latest progress, the shapes it ran in and the provider's directives."""
+    job = _tenant_request("GET", f"/v1/jobs/{job_id}")
+    status = _tenant_request("GET", f"/v1/jobs/{job_id}/status")
+    timeline = _tenant_request("GET", f"/v1/jobs/{job_id}/timeline")
+    directives = _tenant_request("GET", f"/v1/jobs/{job_id}/directives", limit=10)
+    if as_json:
+        _print_json({"job": job, "status": status, "timeline": timeline, "directives": directives})
+        return
+    typer.echo(f"{job['id']}: {job['desired_workers']} worker(s) agreed ({job['min_workers']}-{job['max_workers']}), "
+               f"plan {job['parallel_plan']}, epoch {job['placement_epoch']}")
+    progress = status.get("progress")
+    if progress is None:
+        typer.echo("  no progress reported yet")
+    else:
+        loss = progress.get("loss")
+        typer.echo(f"  step {progress['step']}  world {progress['world_size']}  {progress['parallel_plan']}  "
+                   f"loss {loss if loss is None else round(loss, 5)}  samples/s {progress.get('samples_per_s')}  "
+                   f"compression {progress['compression']}  checkpoint every {progress['checkpoint_interval_steps']}")
+    for entry in timeline:
+        typer.echo(f"  from step {entry['step']:>6}: world {entry['world_size']} {entry['parallel_plan']} "
+                   f"(epoch {entry['epoch']}, {entry['at'][:19]})")
+    for item in directives:
+        typer.echo(f"  directive v{item['version']} {item['state']}: {item['reason']} "
+                   f"{'; '.join(item['refusals'])}".rstrip())
+
+
+# -- events -----------------------------------------------------------------------------------------------------
+
+
+@events_app.command("tail")
+def events_tail(
+    kind: Annotated[Optional[str], typer.Option(help="Only this kind (failure, carbon, negotiation, ...).")] = None,
+    job: Annotated[Optional[str], typer.Option(help="Only this job's.")] = None,
+    count: Annotated[Optional[int], typer.Option(help="Exit after this many events.", min=1)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each CloudEvent as JSON.")] = False,
+) -> None:
+    """Print the tenant's events as they arrive (live), until Ctrl-C or `--count`."""
+    from harmonaize.events import UnknownEventKindError, parse_kind
+    from harmonaize.ids import InvalidIdError, validate_id
+
+    settings = _settings()
+    tenant = _need(settings.tenant, "HZ_TENANT", TENANT_HINT)
+    seed = _need(settings.tenant_nats_seed, "HZ_TENANT_NATS_SEED", TENANT_HINT)
+    try:
+        kind_token = parse_kind(kind).value if kind else "*"
+        job_token = validate_id("job", job) if job else "*"
+        subject = f"hz.t.{validate_id('tenant', tenant)}.events.{kind_token}.{job_token}"
+    except (UnknownEventKindError, InvalidIdError) as exc:
+        _fail(str(exc), code=2)
+    try:
+        asyncio.run(_tail(settings.nats_url, seed, subject, count=count, as_json=as_json))
+    except KeyboardInterrupt:
+        pass
+
+
+async def _tail(url: str, seed: str, subject: str, *, count: int | None, as_json: bool) -> None:
+    import nats
+
+    try:
+        nc = await asyncio.wait_for(nats.connect(url, nkeys_seed_str=seed, name="hz-events-tail"), 10)
+    except Exception as exc:
+        _fail(f"cannot connect to the broker at {url}: {exc!r}")
+    done = asyncio.Event()
+    seen = 0
+
+    async def on_event(msg: Any) -> None:
+        nonlocal seen
+        if as_json:
+            typer.echo(msg.data.decode())
+        else:
+            event = json.loads(msg.data)
+            parts = msg.subject.split(".")
+            typer.echo(f"{event.get('time', '')[:23]}  {parts[4]:<11} {parts[5]:<20} "
+                       f"{json.dumps(event.get('data'), separators=(',', ':'))}")
+        seen += 1
+        if count is not None and seen >= count:
+            done.set()
+
+    await nc.subscribe(subject, cb=on_event)
+    try:
+        await done.wait()
+    finally:
+        await nc.close()
+
+
+# -- scenario ---------------------------------------------------------------------------------------------------
+
+
+@scenario_app.command("run")
+def scenario_run(
+    file: Annotated[Path, typer.Argument(help="Scenario YAML: congestion, failures, predicted failures, maintenance, "
+                                            "carbon; offsets count from the injection.")],
+    delay: Annotated[float, typer.Option(help="Seconds from now until offset 0.", min=0)] = 0.0,
+    wait: Annotated[float, typer.Option(help="Seconds to collect the hosts' acknowledgements.", min=0.1)] = 2.0,
+) -> None:
+    """Inject a scenario into every running simulated host (as the provider)."""
+    from provider_agents.telemetry.scenario import ScenarioError, ScenarioInjection, load_scenario
+
+    try:
+        scenario = load_scenario(file)
+    except ScenarioError as exc:
+        _fail(str(exc), code=2)
+    settings = _settings()
+    secret = _need(settings.provider_secret, "HZ_PROVIDER_SECRET", "source .hz/admin.env")
+    injection = ScenarioInjection(scenario=scenario, at=datetime.now(UTC) + timedelta(seconds=delay))
+    replies = asyncio.run(_inject(settings.nats_url, secret.encode(), injection.model_dump_json().encode(), wait))
+    applied = sorted(r["host"] for r in replies if r.get("applied"))
+    refused = sorted(f"{r['host']} ({r.get('reason')})" for r in replies if not r.get("applied"))
+    if not replies:
+        _fail("no simulated host answered: is the local cloud running (harmonaize up)?")
+    typer.echo(f"injected {file.name} into {len(applied)} host(s): {', '.join(applied) or 'none'}"
+               + (f"; not applied on {', '.join(refused)}" if refused else ""))
+
+
+async def _inject(url: str, secret: bytes, payload: bytes, wait: float) -> list[dict[str, Any]]:
+    from provider_agents.runtime import connect_provider
+    from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT
+
+    try:
+        nc = await asyncio.wait_for(connect_provider(url, secret, name="hz-scenario-run"), 10)
+    except Exception as exc:
+        _fail(f"cannot connect to the broker at {url}: {exc!r}")
+    replies: list[dict[str, Any]] = []
+    inbox = nc.new_inbox()
+
+    async def collect(msg: Any) -> None:
+        replies.append(json.loads(msg.data))
+
+    subscription = await nc.subscribe(inbox, cb=collect)
+    await nc.publish(SCENARIO_INJECT_SUBJECT, payload, reply=inbox)
+    await nc.flush()
+    await asyncio.sleep(wait)  # replies from an unknown number of hosts: collect for a fixed window
+    await subscription.unsubscribe()
+    await nc.close()
+    return replies
