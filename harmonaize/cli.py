@@ -63,6 +63,14 @@ def load_settings(**overrides: object) -> Settings:
 
 
 @app.command()
+def config() -> None:
+    """Print the configuration reference (every HZ_ variable, its default and meaning) as markdown."""
+    from harmonaize.config_reference import render_reference
+
+    typer.echo(render_reference())
+
+
+@app.command()
 def version() -> None:
     """Print the version."""
     typer.echo(__version__)
@@ -81,6 +89,9 @@ def up(
         Optional[Path], typer.Option(help="Scenario YAML the simulated hosts live through (default: the demo's).")
     ] = None,
     fleet: Annotated[bool, typer.Option(help="Start the simulated hosts' agents and the provider's loops.")] = True,
+    demo: Annotated[
+        bool, typer.Option(help="Play the demo story once in this cloud (as `harmonaize demo`), then keep running.")
+    ] = False,
 ) -> None:
     """Start the local cloud: embedded nats-server, the API on SQLite, simulated GPU hosts with their agents, a demo
     tenant. Ctrl-C stops everything."""
@@ -103,6 +114,18 @@ def up(
             typer.echo(f"  host {host:<10} group {group}, {gpus} GPU(s)    log: {info.logs_dir}/agent-{host}.log")
         typer.echo(f"  data dir        {info.data_dir}")
 
+    story = None
+    if demo:
+        if not fleet or scenario is not None or hosts is not None or not demo_tenant:
+            fail("--demo plays its own scenario on the default fleet: drop --no-fleet, --scenario, --hosts", code=2)
+        from rich.console import Console
+
+        from harmonaize.demo import DEMO_SCENARIO, DemoStory
+
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        scenario = settings.data_dir / "demo-scenario.yaml"
+        scenario.write_text(DEMO_SCENARIO)
+        story = DemoStory(console=Console(), done_marker=settings.data_dir / "demo-summary.json")
     try:
         asyncio.run(
             run_local_cloud(
@@ -113,6 +136,8 @@ def up(
                 fleet=fleet,
                 scenario=scenario,
                 hosts=fleet_of(hosts) if hosts is not None else None,
+                story=story,
+                keep_running=True,
             )
         )
     except (LocalCloudError, BrokerError) as exc:

@@ -97,7 +97,15 @@ class Summary:
 class DemoStory:
     """Drives and watches the story inside a running local cloud (`run_local_cloud(story=...)`)."""
 
-    def __init__(self, *, console: Console, summary_json: Path | None = None, live: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        console: Console,
+        summary_json: Path | None = None,
+        live: bool | None = None,
+        done_marker: Path | None = None,
+    ) -> None:
+        self.done_marker = done_marker
         self.console = console
         self.summary_json = summary_json
         self.live = console.is_terminal if live is None else live
@@ -108,6 +116,10 @@ class DemoStory:
 
     async def __call__(self, info: LocalCloudInfo, fleet: LocalFleet | None) -> None:
         assert fleet is not None, "the demo needs the simulated fleet"
+        if self.done_marker is not None and self.done_marker.exists():
+            self.console.print(f"The demo story already ran in this data dir (summary: {self.done_marker}); "
+                               "the cloud keeps running.")
+            return
         admin_token = _env_value(info.admin_env_file, "HZ_ADMIN_TOKEN")
         tenant_env = _read_env(info.tenant_env_file) if info.tenant_env_file else {}
         if not tenant_env:
@@ -307,8 +319,9 @@ class DemoStory:
                       f"{summary.scale_up} / {summary.recovered} / {summary.repartitioned} / {summary.history_complete}")
         table.add_row("duration", f"{summary.duration_s:.0f} s")
         self.console.print(table)
-        if self.summary_json is not None:
-            self.summary_json.write_text(json.dumps(summary.as_dict(), indent=2))
+        for path in (self.summary_json, self.done_marker):
+            if path is not None:
+                path.write_text(json.dumps(summary.as_dict(), indent=2))
 
 
 class _Null:

@@ -168,9 +168,11 @@ async def run_local_cloud(
     scenario: Path | None = None,
     hosts: dict[str, tuple[str, int]] | None = None,
     story: Callable[[LocalCloudInfo, LocalFleet | None], Awaitable[None]] | None = None,
+    keep_running: bool = False,
 ) -> None:
     """Start broker, API and fleet, call `on_ready`, and run until `stop` is set (or SIGINT/SIGTERM), or until
-    `story` returns when one is given; then stop everything (the fleet first, so jobs checkpoint)."""
+    `story` returns when one is given (unless `keep_running`); then stop everything (the fleet first, so jobs
+    checkpoint)."""
     lock = _lock_data_dir(settings.data_dir)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -238,10 +240,15 @@ async def run_local_cloud(
             settings.data_dir / "logs",
         )
         on_ready(info)
-        waits = {api.task, asyncio.create_task(stop.wait())}
+        stopping = asyncio.create_task(stop.wait())
+        waits = {api.task, stopping}
         if story is not None:
             waits.add(asyncio.create_task(story(info, local_fleet)))
         done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if keep_running and not (done & {api.task, stopping}):
+            for task in done:
+                task.result()
+            done, pending = await asyncio.wait({api.task, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if local_fleet is not None:
             await asyncio.to_thread(local_fleet.stop)
             local_fleet = None

@@ -38,3 +38,11 @@ def test_the_demo_tells_the_whole_story(tmp_path: Path) -> None:
         assert summary["events"].get(kind, 0) >= 1, (kind, summary["events"])
     assert summary["duration_s"] < 180
     assert "Demo summary" in result.stdout
+
+
+def test_the_readme_configuration_reference_is_generated_from_settings() -> None:
+    from harmonaize.config_reference import README_END, README_START, render_reference
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme[readme.index(README_START) + len(README_START) : readme.index(README_END)]
+    assert block.strip() == render_reference().strip(), "regenerate the README's reference with `harmonaize config`"
