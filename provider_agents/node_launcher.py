@@ -103,6 +103,8 @@ class _Node:
     process: asyncio.subprocess.Process | None = None
     returncode: int | None = None
     failures: int = 0
+    settled: bool = False
+    """Exited and dealt with (finished, or out of restarts): nothing more to do until the epoch moves on."""
 
     def running(self) -> bool:
         if self.process is not None:
@@ -204,7 +206,7 @@ class NodeLauncher:
                 self._spawn(key, self._start(spec, job, group))
             elif node.spec != spec:
                 self._spawn(key, self._replace(node, spec, job, group))
-            elif not node.running():
+            elif not node.running() and not node.settled:
                 self._spawn(key, self._after_exit(node, job, group))
 
     def _spawn(self, key: tuple[str, str], work: Awaitable[None]) -> None:
@@ -234,8 +236,13 @@ class NodeLauncher:
     async def _after_exit(self, node: _Node, job: AssignedJob, group: str) -> None:
         code = node.process.returncode if node.process is not None else None
         if code == 0:
-            return  # the job finished (or stopped cleanly) in this epoch: nothing to restart until the epoch moves
+            node.settled = True  # the job finished (or stopped cleanly) in this epoch: nothing to restart
+            log.info("host %s: node %s finished", self.config.host, node.marker)
+            return
         if node.failures >= self.config.max_restarts:
+            node.settled = True
+            log.error("host %s: node %s failed %d times; giving up until the next epoch",
+                      self.config.host, node.marker, node.failures + 1)
             return
         log.warning("host %s: node %s exited with %s; restarting", self.config.host, node.marker, code)
         failures = node.failures + 1
