@@ -7,8 +7,9 @@ it at start-up (repairing whatever a crash left half done) and whenever a tenant
 Why config reload rather than JWT operator mode or auth callout: the registry is small and lives in the provider's
 database already; a reload is one signal, keeps existing connections, needs no extra signing service or key
 hierarchy, and leaves the whole authorization policy readable in one rendered file. The cost is that the control plane
-must be able to signal the server (same host or shared pid namespace); operator mode would be the step up for a
-broker run by a separate team.
+must be able to reach the server: by signal on the same host (`reload_by_pid_file`), or through the system account
+from anywhere (`reload.SystemAccountReload`, what `harmonaize api serve` uses in a container of its own); operator
+mode would be the step up for a broker run by a separate team.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nats.js.errors import NotFoundError
 from broker_config import keys as nkeys_util
 from broker_config.accounts import EventConsumer, TenantAccount, TenantNatsCredentials, UserKeys
 from broker_config.keys import ProviderKeys
+from broker_config.reload import SystemAccountReload
 from broker_config.render import TENANT_JS_PREFIX, render_accounts, tenant_account_name, tenant_stream_name, write_atomically
 from broker_config.server import BrokerError, check_accounts_text
 from broker_config.streams import ACK_WAIT_S, tenant_events_stream, tenant_pull_consumer
@@ -132,7 +134,7 @@ class NatsTenantBroker:
         servers: Sequence[str],
         provider_secret: bytes,
         accounts_file: Path,
-        reload: Callable[[], None],
+        reload: Callable[[], None] | SystemAccountReload,
         replicas: int = 1,
         ready_timeout: float = 10.0,
     ) -> None:
@@ -173,10 +175,10 @@ class NatsTenantBroker:
                 system = await _connect_until_accepted(self.servers, self.keys.system.seed, deadline=deadline)
                 try:
                     write_atomically(self.accounts_file, text)
-                    await _reload_and_wait(system, self._reload, deadline=deadline)
+                    await self._reload_once(system, deadline=deadline)
                     # nats-server 2.15 leaves a service import with a streamed response (the pull API) unanswered
                     # ("no responders") when its account is added by a reload, until the next reload.
-                    await _reload_and_wait(system, self._reload, deadline=deadline)
+                    await self._reload_once(system, deadline=deadline)
                 finally:
                     await system.close()
             wanted = {t.tenant for t in tenants}
@@ -191,6 +193,12 @@ class NatsTenantBroker:
                     self._streams_ready.add(tenant)
             finally:
                 await provider.close()
+
+    async def _reload_once(self, system: Client, *, deadline: float) -> None:
+        if isinstance(self._reload, SystemAccountReload):
+            await self._reload(system, deadline=deadline)  # the reply comes once the reload is done
+        else:
+            await _reload_and_wait(system, self._reload, deadline=deadline)
 
     async def ensure_consumer(
         self, tenant: str, name: str, *, filter_subjects: Sequence[str] = (), ack_wait_s: float = ACK_WAIT_S

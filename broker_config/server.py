@@ -65,6 +65,15 @@ def check_accounts_text(accounts_text: str, *, scratch_dir: Path) -> None:
         raise BrokerError(f"rendered broker config is invalid: {(result.stderr or result.stdout).strip()}")
 
 
+def validate_config_file(path: Path) -> None:
+    """Ask nats-server whether a config file (with its includes) parses, without starting a server (`-t`)."""
+    result = subprocess.run(
+        [str(nats_server_binary()), "-t", "-c", str(path)], capture_output=True, text=True, timeout=30
+    )
+    if result.returncode != 0:
+        raise BrokerError(f"broker config {path} is invalid: {(result.stderr or result.stdout).strip()}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

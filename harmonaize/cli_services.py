@@ -149,7 +149,7 @@ async def _serve(
         try:
             await upgrade_async(settings)
         except Exception as exc:  # alembic and the drivers raise many types; the operator needs the message
-            _fail(f"migrating the database failed: {exc}")
+            _fail(f"migrating the database failed: {str(exc).splitlines()[0] if str(exc) else repr(exc)}")
         typer.echo("harmonaize api: database at the newest schema", err=True)
     strategy = (
         SystemAccountReload()

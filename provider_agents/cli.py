@@ -130,6 +130,12 @@ def fleet_monitor(
     check_interval: Annotated[
         Optional[float], typer.Option(help="Seconds between liveness checks (default: a quarter heartbeat).", min=0.01)
     ] = None,
+    rendezvous_bind: Annotated[
+        str, typer.Option(help="Address the jobs' rendezvous stores listen on (0.0.0.0: nodes on other machines).")
+    ] = "127.0.0.1",
+    rendezvous_advertise: Annotated[
+        Optional[str], typer.Option(help="Host name nodes reach the stores by (default: the bind address).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run the provider's central loops: fleet monitor (outages), rendezvous stores, micro loop (directives)."""
@@ -137,7 +143,10 @@ def fleet_monitor(
 
     _logging(log_level)
     try:
-        asyncio.run(run_fleet_monitor(_settings(nats_url), MonitorOptions(check_interval_s=check_interval)))
+        options = MonitorOptions(
+            check_interval_s=check_interval, rendezvous_bind=rendezvous_bind, rendezvous_advertise=rendezvous_advertise
+        )
+        asyncio.run(run_fleet_monitor(_settings(nats_url), options))
     except SettingsError as exc:
         _fail(str(exc), code=2)
     except KeyboardInterrupt:
