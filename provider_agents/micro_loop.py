@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
@@ -76,7 +77,7 @@ class Proposal:
 def job_signals(job: AssignedJob, fleet: Mapping[str, HostAssignment], telemetry: Mapping[str, HostTelemetry]) -> JobSignals:
     """What the telemetry of the job's hosts says about the job."""
     hosts = [host for host, assignment in fleet.items() if any(j.tenant == job.tenant and j.job == job.job for j in assignment.jobs)]
-    groups = {fleet[host].locality_group for host in hosts}
+    hosts_per_group = Counter(fleet[host].locality_group for host in hosts)
     risks: set[str] = set()
     slowdown = 1.0
     for host in hosts:
@@ -90,15 +91,18 @@ def job_signals(job: AssignedJob, fleet: Mapping[str, HostAssignment], telemetry
             if notice.status in (MaintenanceStatus.SCHEDULED, MaintenanceStatus.STARTED):
                 risks.add(f"maintenance:{host}:{notice.notice_id}")
         for link in sample.links:
-            if _on_paths(link.groups, groups):
+            if _on_paths(link.groups, hosts_per_group):
                 slowdown = max(slowdown, link.slowdown)
     return JobSignals(risks=frozenset(risks), slowdown=slowdown)
 
 
-def _on_paths(link_groups: Iterable[str], job_groups: set[str]) -> bool:
-    """A link inside one of the job's groups, or between two of them, carries the job's traffic."""
-    link = set(link_groups)
-    return link <= job_groups if len(link) == 2 else bool(link & job_groups)
+def _on_paths(link_groups: Iterable[str], hosts_per_group: Counter[str]) -> bool:
+    """A link between two of the job's groups, or inside a group where the job has two hosts or more, carries the
+    job's traffic (the same rule as the tenant's congestion events, `projection._on_job_path`)."""
+    link = list(link_groups)
+    if len(link) == 1:
+        return hosts_per_group[link[0]] >= 2
+    return all(hosts_per_group[group] >= 1 for group in link)
 
 
 def decide(job: AssignedJob, signals: JobSignals, *, known_risks: frozenset[str]) -> Proposal:

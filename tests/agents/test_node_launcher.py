@@ -1,0 +1,193 @@
+"""The node launcher's decisions, with a stand-in for torchrun (fast): one node per epoch, sized exactly; graceful or
+immediate restarts; orphaned workers never survive a stop; a restarted launcher adopts healthy nodes; directives and
+progress cross the file boundary with the job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
+from harmonaize.job_runtime import (
+    CONTROL_PROGRESS_FILE,
+    Directives,
+    JobProgress,
+    WorkerSpec,
+    read_model,
+    write_model_atomically,
+)
+from provider_agents.node_launcher import LauncherConfig, NodeLauncher
+from provider_agents.processes import alive, marked_processes, signal_marked
+from tests.support import eventually
+
+FAKE = Path(__file__).with_name("fake_torchrun.py")
+SECRET = b"launcher-test-secret"
+
+
+def _job(epoch: int = 1, *, nodes: int = 2, workers: int = 1, restart: RestartMode = RestartMode.GRACEFUL,
+         directives: Directives | None = None, plan: str = "ddp") -> AssignedJob:
+    return AssignedJob(
+        tenant="acme", job="train", workers=workers, gpus=workers, parallel_plan=plan,  # type: ignore[arg-type]
+        entrypoint=("-m", "workloads.examples.mlp"), epoch=epoch, nodes=nodes, restart=restart,
+        directives=directives or Directives(),
+    )
+
+
+def _assignment(*jobs: AssignedJob, generation: int = 1) -> HostAssignment:
+    return HostAssignment(host="h1", locality_group="g1", generation=generation, jobs=jobs, updated_at=datetime.now(UTC))
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, stop_s: float = 0.2) -> None:
+        self.record = tmp_path / "starts.jsonl"
+        monkeypatch.setenv("HZ_FAKE_RECORD", str(self.record))
+        monkeypatch.setenv("HZ_FAKE_STOP_S", str(stop_s))
+        self.config = LauncherConfig(
+            host="h1", work_dir=tmp_path / "work", checkpoint_root=tmp_path / "ckpt", python=sys.executable,
+            grace_s=5.0,
+        )
+        self.progress: list[JobProgress] = []
+        self.endpoint: str | None = "127.0.0.1:29999"
+
+    def launcher(self) -> NodeLauncher:
+        self.config = LauncherConfig(**{**self.config.__dict__, "python": str(FAKE)})
+        return NodeLauncher(self.config, secret=SECRET, endpoints=self._endpoint, on_progress=self._progress)
+
+    async def _endpoint(self, tenant: str, job: str) -> str | None:
+        return self.endpoint
+
+    async def _progress(self, progress: JobProgress) -> None:
+        self.progress.append(progress)
+
+    def starts(self) -> list[dict[str, object]]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines()]
+
+
+@pytest.fixture
+def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Rig:
+    FAKE.chmod(0o755)
+    return Rig(tmp_path, monkeypatch)
+
+
+async def _converge(launcher: NodeLauncher, assignment: HostAssignment | None) -> None:
+    await launcher.converge(assignment)
+    await launcher.settle()
+
+
+async def test_one_exactly_sized_node_per_epoch_with_its_spec(rig: Rig) -> None:
+    launcher = rig.launcher()
+    await _converge(launcher, _assignment(_job(epoch=3, nodes=2, workers=1)))
+    await eventually(lambda: len(rig.starts()) == 1, what="the node started")
+    [start] = rig.starts()
+    args = start["args"]
+    assert "--nnodes=2:2" in args and "--nproc-per-node=1" in args
+    assert "--rdzv-id=acme.train.e3" in args and "--rdzv-endpoint=127.0.0.1:29999" in args
+    assert any(arg.startswith("--rdzv-conf=is_host=0") and "keep_alive_max_attempt=3" in arg for arg in args)
+    assert args[-2:] == ["-m", "workloads.examples.mlp"]
+    spec = read_model(Path(str(start["spec"])), WorkerSpec)
+    assert spec is not None and (spec.tenant, spec.job, spec.epoch) == ("acme", "train", 3)
+    assert spec.locality_group and spec.locality_group != "g1", "the job sees a pseudonym, not the provider's name"
+    await _converge(launcher, _assignment(_job(epoch=3, nodes=2, workers=1), generation=2))
+    assert len(rig.starts()) == 1, "the same epoch again starts nothing"
+    await launcher.shutdown(stop_nodes=True)
+
+
+async def test_a_new_epoch_stops_gracefully_then_starts_and_leaves_no_orphans(rig: Rig) -> None:
+    launcher = rig.launcher()
+    await _converge(launcher, _assignment(_job(epoch=1)))
+    await eventually(lambda: len(rig.starts()) == 1, what="epoch 1 started")
+    first = rig.starts()[0]
+    await eventually(lambda: len(marked_processes(str(first["marker"]))) == 2, what="torchrun and its worker")
+    await _converge(launcher, _assignment(_job(epoch=2, nodes=3)))
+    assert not alive(int(first["pid"])) and marked_processes(str(first["marker"])) == [], "no orphan survives"
+    await eventually(lambda: len(rig.starts()) == 2, what="epoch 2 started")
+    second = rig.starts()[1]
+    assert "--nnodes=3:3" in second["args"] and "--rdzv-id=acme.train.e2" in second["args"]
+    await launcher.shutdown(stop_nodes=True)
+
+
+async def test_an_immediate_restart_does_not_wait_for_the_grace_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    FAKE.chmod(0o755)
+    rig = Rig(tmp_path, monkeypatch, stop_s=30.0)  # a job that would take 30 s to stop gracefully
+    launcher = rig.launcher()
+    await _converge(launcher, _assignment(_job(epoch=1)))
+    await eventually(lambda: len(rig.starts()) == 1, what="epoch 1 started")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await _converge(launcher, _assignment(_job(epoch=2, nodes=1, restart=RestartMode.IMMEDIATE)))
+    assert loop.time() - started < 3.0
+    await eventually(lambda: len(rig.starts()) == 2, what="epoch 2 started")
+    await launcher.shutdown(stop_nodes=False)
+    for start in rig.starts():
+        signal_marked(str(start["marker"]), signal.SIGKILL)
+
+
+async def test_a_restarted_launcher_adopts_the_running_node(rig: Rig) -> None:
+    first = rig.launcher()
+    await _converge(first, _assignment(_job(epoch=1)))
+    await eventually(lambda: len(rig.starts()) == 1, what="the node started")
+    pid = int(rig.starts()[0]["pid"])
+    await first.shutdown(stop_nodes=False)  # the agent goes away, its node keeps running
+    second = rig.launcher()
+    assert second.adopted == 1
+    await _converge(second, _assignment(_job(epoch=1)))
+    assert len(rig.starts()) == 1 and alive(pid), "adopted, not restarted"
+    await _converge(second, _assignment())
+    await eventually(lambda: not alive(pid), what="the adopted node stopped when no longer wanted")
+    await second.shutdown(stop_nodes=True)
+
+
+async def test_unknown_desired_state_touches_nothing_and_no_endpoint_waits(rig: Rig) -> None:
+    launcher = rig.launcher()
+    await _converge(launcher, _assignment(_job(epoch=1)))
+    await eventually(lambda: len(rig.starts()) == 1, what="the node started")
+    pid = int(rig.starts()[0]["pid"])
+    await _converge(launcher, None)
+    assert alive(pid), "a desired state not loaded yet is not 'nothing wanted'"
+    rig.endpoint = None
+    await _converge(launcher, _assignment(_job(epoch=2)))
+    assert len(rig.starts()) == 1, "no rendezvous store yet: nothing is started"
+    await launcher.shutdown(stop_nodes=True)
+
+
+async def test_directives_are_handed_over_and_progress_relayed_once_per_change(rig: Rig) -> None:
+    launcher = rig.launcher()
+    directives = Directives(version=2, checkpoint_requests=1, reason="predicted failure")
+    await _converge(launcher, _assignment(_job(epoch=1, directives=directives)))
+    control = launcher.control_dir("acme", "train")
+    assert read_model(control / "directives.json", Directives) == directives
+    progress = JobProgress(tenant="acme", job="train", epoch=1, step=7, world_size=2, parallel_plan="ddp",  # type: ignore[arg-type]
+                           checkpoint_interval_steps=10, batch_size=32, updated_at=datetime.now(UTC))
+    write_model_atomically(control / CONTROL_PROGRESS_FILE, progress)
+    assignment = _assignment(_job(epoch=1, directives=directives))
+    assert await launcher.relay_progress(assignment) == 1
+    assert await launcher.relay_progress(assignment) == 0, "an unchanged file is not sent again"
+    assert rig.progress == [progress]
+    await launcher.shutdown(stop_nodes=True)
+
+
+async def test_a_finished_node_is_not_restarted_and_a_failing_one_gives_up(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HZ_FAKE_EXIT", "0")
+    launcher = rig.launcher()
+    await _converge(launcher, _assignment(_job(epoch=1)))
+    await eventually(lambda: not launcher.running_nodes(), what="the job finished")
+    for _ in range(3):
+        await _converge(launcher, _assignment(_job(epoch=1)))
+    assert len(rig.starts()) == 1
+    monkeypatch.setenv("HZ_FAKE_EXIT", "3")
+    await _converge(launcher, _assignment(_job(epoch=2)))
+    for _ in range(20):
+        await _converge(launcher, _assignment(_job(epoch=2)))
+        await asyncio.sleep(0.05)
+    assert 1 + 1 + launcher.config.max_restarts >= len(rig.starts()) >= 3
+    await launcher.shutdown(stop_nodes=True)
