@@ -24,7 +24,9 @@ from fastapi import FastAPI
 
 from api.db import make_engine, make_sessionmaker
 from api.errors import install_error_handlers
+from api.limits import ApiLimits, install_limits
 from api.migrate import check_schema_current
+from api.observability import install_observability
 from api.options import NegotiationOptions, NegotiationRuntime
 from api.routes import build_router
 from api.services.outbox_relay import OutboxRelay
@@ -115,5 +117,7 @@ def create_app(
     app.state.negotiation = runtime
     app.state.relay = None
     install_error_handlers(app)
+    install_limits(app, ApiLimits.from_settings(settings))
+    install_observability(app)
     app.include_router(build_router())
     return app

@@ -18,6 +18,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.log_context import bind
 from api.models import Tenant
 from api.options import NegotiationRuntime
 from api.services.negotiations import NegotiationContext
@@ -103,6 +104,7 @@ async def current_tenant(token: BearerToken, session: SessionDep, settings: Sett
         raise HTTPException(401, "invalid tenant token", headers=_CHALLENGE)
     if tenant.revoked_at is not None:
         raise HTTPException(401, "this tenant has been revoked", headers=_CHALLENGE)
+    bind(tenant=tenant.id)
     return tenant
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -76,6 +76,10 @@ async def _on_validation_error(_request: Request, exc: Exception) -> JSONRespons
 
 async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        # FastAPI's "error parsing the body" for bytes that are not UTF-8: malformed JSON like any other (RFC 8259)
+        detail = ErrorDetail(field="body", message="invalid JSON: the body is not UTF-8")
+        return error_response(422, "invalid request: body", errors=[detail])
     return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
 
@@ -88,6 +92,35 @@ async def _on_service_error(_request: Request, exc: Exception) -> JSONResponse:
 async def _on_integrity_error(_request: Request, exc: Exception) -> JSONResponse:
     _log.info("integrity error answered as a conflict: %s", exc)
     return error_response(409, "the request conflicts with existing data")
+
+
+def _unstorable(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says a value could not be held: Python's OverflowError, or an SQL data
+    exception (SQLSTATE class 22: numeric value out of range, datetime overflow, ...)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        link = pending.pop()
+        if link is None or id(link) in seen:
+            continue
+        seen.add(id(link))
+        if isinstance(link, (OverflowError, DataError)):
+            return True
+        code = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
+        if isinstance(code, str) and code.startswith("22"):
+            return True
+        orig = getattr(link, "orig", None)
+        pending.extend([orig if isinstance(orig, BaseException) else None, link.__cause__])
+    return False
+
+
+async def _on_unstorable_value(request: Request, exc: Exception) -> JSONResponse:
+    """A value past what the database or Python can hold (an integer beyond the column, a time past year 9999) that
+    no schema bound caught: the caller's input, so a 422 rather than a 500 (the schema should bound it; see the log)."""
+    if not _unstorable(exc):
+        return await _on_unexpected(request, exc)
+    _log.warning("out-of-range value answered as 422 (bound it in the schema): %s", exc)
+    return error_response(422, "invalid request: a value is out of range (too large, or a time past year 9999)")
 
 
 async def _on_pool_timeout(_request: Request, exc: Exception) -> JSONResponse:
@@ -107,4 +140,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _on_service_error)
     app.add_exception_handler(IntegrityError, _on_integrity_error)
     app.add_exception_handler(PoolTimeoutError, _on_pool_timeout)
+    for unstorable in (DataError, StatementError, OverflowError):
+        app.add_exception_handler(unstorable, _on_unstorable_value)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -131,8 +131,9 @@ class BenchBroker:
 def ours_settings(data_dir: Path, database_url: str) -> Any:
     from harmonaize.settings import Settings
 
+    # negotiation_rate_per_s=0: the per-tenant rate limit would refuse a benchmark's load (its check still runs)
     return Settings(_env_file=None, data_dir=data_dir, database_url=database_url, admin_token=ADMIN_TOKEN,
-                    provider_secret=PROVIDER_SECRET)
+                    provider_secret=PROVIDER_SECRET, negotiation_rate_per_s=0)
 
 
 def build_ours(data_dir: Path, database_url: str) -> Any:

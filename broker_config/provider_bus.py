@@ -10,6 +10,8 @@ Delivery is at-least-once by design, and both operations are safe to repeat:
   the attempts run out, when it raises and the relay retries later). A retry of a message that was stored but whose
   ack was lost is dropped by JetStream's duplicate window; beyond the window, consumers dedup by CloudEvent id.
   Core-NATS publishes buffered during a reconnect can be lost (NOTES.md), which is why nothing here is fire-and-forget.
+* A tenant event that carries a W3C `traceparent` (and `tracestate`) is published with the same values as NATS
+  headers, so a consumer can continue the trace without decoding the body first.
 * `put_desired` writes a host's whole assignment under its key: writing the same value twice is harmless, and the
   relay writes in order, so a key never goes back to an older generation.
 
@@ -19,6 +21,7 @@ The KV bucket is created if missing (file storage, a few revisions of history so
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from typing import Protocol
@@ -36,6 +39,7 @@ _log = logging.getLogger(__name__)
 
 KV_HISTORY = 5
 MSG_ID_HEADER = "Nats-Msg-Id"
+TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 class ProviderBusError(ConnectionError):
@@ -60,6 +64,17 @@ class ProviderBus(Protocol):
 
 async def _ignore_errors(_: Exception) -> None:
     return None
+
+
+def trace_headers(payload: bytes) -> dict[str, str]:
+    """The W3C trace context a structured-mode CloudEvent carries, as NATS headers (empty if none or not JSON)."""
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return {}
+    if not isinstance(event, dict):
+        return {}
+    return {name: value for name in TRACE_HEADERS if isinstance(value := event.get(name), str) and value}
 
 
 class NatsProviderBus:
@@ -121,13 +136,14 @@ class NatsProviderBus:
 
     async def publish_event(self, subject: str, payload: bytes, msg_id: str) -> None:
         last: Exception | None = None
+        trace = trace_headers(payload)
         for attempt in range(self._attempts):
             if attempt:
                 await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
             try:
                 client = await self._connected()
                 await client.jetstream().publish(
-                    subject, payload, timeout=self._ack_timeout, headers={MSG_ID_HEADER: msg_id}
+                    subject, payload, timeout=self._ack_timeout, headers={MSG_ID_HEADER: msg_id, **trace}
                 )
                 return
             except Exception as exc:  # timeouts, no responders, reconnecting: all mean "no PubAck yet"

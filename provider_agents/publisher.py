@@ -6,6 +6,10 @@ reconnect can be silently lost (NOTES.md); a JetStream publish without an ack is
 `Nats-Msg-Id` = the CloudEvent id, so an attempt that was stored but whose ack was lost is not stored twice (within
 the stream's duplicate window; consumers also dedup by id, since delivery is at-least-once).
 
+An event that carries a W3C `traceparent` (a CloudEvents extension; `tracestate` with it) is published with the
+same values as NATS headers too, so a trace that starts at the agent reaches the tenant's controller without the
+controller decoding the body first.
+
 Between the agent and the broker sits a bounded queue. When the broker is away the queue fills and `submit` waits:
 the agent's sampling loop stops instead of buffering without limit (back-pressure). The backlog is at most the queue;
 once it drains, the next tick compares the world with what tenants were last told and sends only the difference, so
@@ -83,6 +87,13 @@ class _Pending:
     subject: str
     payload: bytes
     msg_id: str
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        trace = {"traceparent": self.traceparent, "tracestate": self.tracestate}
+        return {"Nats-Msg-Id": self.msg_id, **{name: value for name, value in trace.items() if value}}
 
 
 class JetStreamPublisher:
@@ -119,7 +130,8 @@ class JetStreamPublisher:
             self._worker = asyncio.get_running_loop().create_task(self._run(), name="hz-publisher")
 
     async def submit(self, subject: str, event: CloudEvent[Any]) -> None:
-        await self._queue.put(_Pending(subject, event.to_json_bytes(), event.id))
+        pending = _Pending(subject, event.to_json_bytes(), event.id, event.traceparent, event.tracestate)
+        await self._queue.put(pending)
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted so far is acknowledged (or dropped); False on timeout."""
@@ -158,7 +170,7 @@ class JetStreamPublisher:
             attempt += 1
             try:
                 ack = await self._js.publish(
-                    item.subject, item.payload, timeout=self._ack_timeout_s, headers={"Nats-Msg-Id": item.msg_id}
+                    item.subject, item.payload, timeout=self._ack_timeout_s, headers=item.headers
                 )
             except (BadRequestError, nats.errors.MaxPayloadError) as exc:
                 self.dropped += 1

@@ -6,8 +6,10 @@ of the app and checks that each one is either in the tenant set or refuses tenan
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from api.limits import BODY_TOO_LARGE_RESPONSE, RATE_LIMITED_RESPONSE, limit_negotiation_writes
+from api.observability import bind_path_ids
 from api.routes import (
     allocations,
     capacity,
@@ -16,6 +18,7 @@ from api.routes import (
     hosts,
     job_runs,
     jobs,
+    metrics,
     negotiations,
     tenants,
 )
@@ -23,12 +26,15 @@ from api.schemas import ErrorPublic
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorPublic} for status in (401, 403, 404, 409, 422, 503)
-}
+} | BODY_TOO_LARGE_RESPONSE
+_LIMITED = {negotiations: {"dependencies": [Depends(limit_negotiation_writes)], "responses": RATE_LIMITED_RESPONSE}}
+"""Per-module extras: negotiation writes take a token from the tenant's bucket (`api.limits`)."""
 
 
 def build_router() -> APIRouter:
     """All /v1 routes (a fresh router per app, so apps built in one process share no state)."""
-    router = APIRouter(prefix="/v1", responses=_ERRORS)
-    for module in (health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, job_runs):
-        router.include_router(module.router)
+    router = APIRouter(prefix="/v1", responses=_ERRORS, dependencies=[Depends(bind_path_ids)])
+    modules = (health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, job_runs, metrics)
+    for module in modules:
+        router.include_router(module.router, **_LIMITED.get(module, {}))  # type: ignore[arg-type]
     return router

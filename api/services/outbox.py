@@ -15,6 +15,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.log_context import current_traceparent
 from api.models import OutboxMessage, OutboxTopic
 from harmonaize.desired_state import HostAssignment, host_key
 from harmonaize.events import CONTROL_PLANE_SOURCE, EventData, make_event
@@ -25,8 +26,14 @@ from harmonaize.timeids import uuid7
 def enqueue_tenant_event(
     session: AsyncSession, *, tenant_id: str, job_id: str, data: EventData, now: datetime
 ) -> OutboxMessage:
-    """Queue `data` as a CloudEvent about `job_id` on the tenant's own subject for its kind."""
-    event = make_event(data, source=CONTROL_PLANE_SOURCE, subject=job_id, time=now)
+    """Queue `data` as a CloudEvent about `job_id` on the tenant's own subject for its kind.
+
+    Inside a request that carried a W3C traceparent, the event carries it too (the relay copies it into the NATS
+    message's `traceparent` header), so the tenant's trace continues into the events its request caused.
+    """
+    event = make_event(
+        data, source=CONTROL_PLANE_SOURCE, subject=job_id, time=now, traceparent=current_traceparent()
+    )
     message = OutboxMessage(
         topic=OutboxTopic.TENANT_EVENT,
         subject=tenant_event_subject(tenant_id, data.KIND, job_id),

@@ -22,6 +22,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.log_context import log_context
 from api.models import OutboxMessage, OutboxTopic, utcnow
 from broker_config.provider_bus import ProviderBus
 
@@ -75,10 +76,11 @@ class OutboxRelay:
                 return delivered
             for row_id, topic, subject, payload, msg_id in rows:
                 try:
-                    if topic is OutboxTopic.TENANT_EVENT:
-                        await self._bus.publish_event(subject, bytes(payload), msg_id)
-                    else:
-                        await self._bus.put_desired(subject, bytes(payload))
+                    with log_context(event=msg_id):
+                        if topic is OutboxTopic.TENANT_EVENT:
+                            await self._bus.publish_event(subject, bytes(payload), msg_id)
+                        else:
+                            await self._bus.put_desired(subject, bytes(payload))
                 except Exception as exc:
                     self.failures += 1
                     await self._mark(row_id, error=f"{type(exc).__name__}: {exc}"[:500])
