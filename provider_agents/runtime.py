@@ -234,7 +234,7 @@ def _launcher_loops(launcher: NodeLauncher, fleet: FleetView, host: str, stop: a
         if not fleet.loaded:
             return None
         return fleet.assignment(host) or HostAssignment(
-            host=host, locality_group="", generation=0, updated_at=datetime.now(UTC)
+            host=host, locality_group="unassigned", generation=0, updated_at=datetime.now(UTC)
         )
 
     async def converge() -> None:

@@ -10,7 +10,16 @@ import sys
 import harmonaize
 
 FORBIDDEN = ("fastapi", "sqlalchemy", "nats", "torch", "starlette", "uvicorn")
-EXCLUDED = {"harmonaize.cli", "harmonaize.launcher"}
+EXCLUDED = {
+    "harmonaize.cli",
+    "harmonaize.cli_daily",
+    "harmonaize.cli_services",
+    "harmonaize.launcher",
+    "harmonaize.local_fleet",
+    "harmonaize.demo",
+}
+"""The command line and the local cloud's assembly live beside the contract but are not part of it: they start the
+API, the broker and the fleet, so they import everything."""
 
 _PROBE = """
 import importlib, json, sys
