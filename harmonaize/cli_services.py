@@ -101,8 +101,15 @@ def api_serve(
         float, typer.Option(help="Replay the carbon trace this much faster than real time (forecasts).", min=1.0)
     ] = 1.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    json_logs: Annotated[
+        bool, typer.Option(help="Log JSON lines with request, tenant, job, negotiation and event ids (services).")
+    ] = True,
 ) -> None:
     """Serve the control-plane API until SIGTERM/SIGINT (settings from HZ_* variables)."""
+    if json_logs:
+        from api.log_context import configure_json_logging
+
+        configure_json_logging(log_level.upper())
     settings = _settings()
     secret = _secret(settings)
     try:

@@ -25,7 +25,7 @@ import tempfile
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import Annotated, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,6 +57,9 @@ CONTROL_DIRECTIVES_FILE = "directives.json"
 CONTROL_PROGRESS_FILE = "progress.json"
 
 MAX_OUTCOMES = 20
+MAX_COUNT = 2**53
+"""Upper bound of every counter (steps, versions, epochs): exact in JSON numbers and in every database we use."""
+MAX_WORLD = 65_536
 
 
 class _Model(BaseModel):
@@ -92,13 +95,13 @@ class JobRanges(_Model):
 class Directives(_Model):
     """The provider's current micro-level settings for one job; None fields mean "the job's own choice"."""
 
-    version: int = Field(default=0, ge=0)
-    checkpoint_requests: int = Field(default=0, ge=0, description="Grows by one for every 'checkpoint now'.")
-    checkpoint_interval_steps: int | None = Field(default=None, ge=1)
+    version: int = Field(default=0, ge=0, le=MAX_COUNT)
+    checkpoint_requests: int = Field(default=0, ge=0, le=MAX_COUNT, description="Grows by one for every 'checkpoint now'.")
+    checkpoint_interval_steps: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     compression: Compression | None = None
-    powersgd_rank: int | None = Field(default=None, ge=1)
-    batch_size: int | None = Field(default=None, ge=1)
-    gradient_accumulation: int | None = Field(default=None, ge=1)
+    powersgd_rank: int | None = Field(default=None, ge=1, le=MAX_WORLD)
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    gradient_accumulation: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     reason: str = Field(default="", max_length=500)
 
 
@@ -139,7 +142,7 @@ class WorkerSpec(_Model):
 
     tenant: TenantId
     job: JobId
-    epoch: int = Field(ge=0, description="Bumped by the provider whenever the job's node set or plan changes.")
+    epoch: int = Field(ge=0, le=MAX_COUNT, description="Bumped by the provider whenever the job's node set or plan changes.")
     parallel_plan: ParallelPlan = ParallelPlan.DDP
     locality_group: str = Field(default="", max_length=64, description="This node's group (a tenant pseudonym).")
     checkpoint_dir: Path
@@ -155,10 +158,10 @@ class DirectiveStatus(StrEnum):
 class DirectiveOutcome(_Model):
     """What the runtime did with one version of the directives, and at which step."""
 
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=MAX_COUNT)
     status: DirectiveStatus
-    step: int = Field(ge=0)
-    reasons: tuple[str, ...] = ()
+    step: int = Field(ge=0, le=MAX_COUNT)
+    reasons: tuple[Annotated[str, Field(max_length=500)], ...] = Field(default=(), max_length=16)
 
 
 class JobProgress(_Model):
@@ -166,20 +169,20 @@ class JobProgress(_Model):
 
     tenant: TenantId
     job: JobId
-    epoch: int = Field(ge=0)
-    step: int = Field(ge=0)
-    world_size: int = Field(ge=1)
+    epoch: int = Field(ge=0, le=MAX_COUNT)
+    step: int = Field(ge=0, le=MAX_COUNT)
+    world_size: int = Field(ge=1, le=MAX_WORLD)
     parallel_plan: ParallelPlan
-    loss: float | None = None
-    samples_per_s: float | None = Field(default=None, ge=0)
-    resumed_from_step: int | None = Field(default=None, ge=0)
-    last_checkpoint_step: int | None = Field(default=None, ge=0)
-    checkpoint_interval_steps: int = Field(ge=1)
+    loss: float | None = Field(default=None, ge=-1e30, le=1e30, allow_inf_nan=False)
+    samples_per_s: float | None = Field(default=None, ge=0, le=1e15, allow_inf_nan=False)
+    resumed_from_step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    last_checkpoint_step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    checkpoint_interval_steps: int = Field(ge=1, le=MAX_COUNT)
     compression: Compression = Compression.NONE
-    powersgd_rank: int | None = None
-    batch_size: int = Field(ge=1)
-    gradient_accumulation: int = Field(default=1, ge=1)
-    directives_version: int = Field(default=0, ge=0, description="The last directives version handled.")
+    powersgd_rank: int | None = Field(default=None, ge=1, le=MAX_WORLD)
+    batch_size: int = Field(ge=1, le=MAX_COUNT)
+    gradient_accumulation: int = Field(default=1, ge=1, le=MAX_COUNT)
+    directives_version: int = Field(default=0, ge=0, le=MAX_COUNT, description="The last directives version handled.")
     outcomes: tuple[DirectiveOutcome, ...] = Field(default=(), max_length=MAX_OUTCOMES)
     updated_at: datetime
 
