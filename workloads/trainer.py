@@ -273,6 +273,8 @@ class TrainingRun:
         self._report(force=True)
         self._info("exiting at step %d (%s)", self._step, self._stop_reason or "closed")
         if self._own_process_group and dist.is_initialized():
+            # Leave together: a rank tearing down its connections while a peer still talks can abort the peer.
+            dist.barrier()
             dist.destroy_process_group()
 
     def request_stop(self) -> None:

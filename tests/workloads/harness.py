@@ -159,7 +159,7 @@ class Node:
 
     def start(self) -> Node:
         env = {name: value for name, value in os.environ.items() if not name.startswith("HZ_")}
-        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1")
         env[MARKER] = self.marker
         if self.spec is not None:
             env[ENV_RUN_SPEC] = str(self.spec)

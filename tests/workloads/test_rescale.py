@@ -13,7 +13,7 @@ import time
 import pytest
 
 from harmonaize.jobs import ParallelPlan
-from tests.workloads.harness import Cluster, JobDirs, assert_same_state, wait_for
+from tests.workloads.harness import Cluster, JobDirs, assert_same_state, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -96,3 +96,26 @@ def test_sigterm_checkpoints_and_the_job_resumes_at_a_new_size(
     assert statistics.mean(late_first) < 0.6 * statistics.mean(early), "loss did not fall before the stop"
     assert resumed_losses[0] < 0.6 * statistics.mean(early), "the restarted run started over"
     assert statistics.mean(resumed_losses[-3:]) < statistics.mean(late_first), "loss did not keep falling"
+
+
+def test_sigterm_to_one_node_stops_every_rank_of_every_node_at_one_step(job: JobDirs, cluster: Cluster) -> None:
+    """Launchers signal nodes one by one; the stop flag travels in the step's all-reduce, so nobody runs ahead."""
+    port = free_port()
+    nodes = [
+        cluster.start(
+            "workloads.examples.mlp", nproc=1, args=["--step-delay-ms", "2", "--checkpoint-interval", "1000"],
+            rendezvous=(port, 2), spec=job.spec(f"node-{name}", plan=ParallelPlan.DDP, locality_group=name),
+        )
+        for name in ("east", "west")
+    ]
+    wait_for(lambda: (p := job.progress()) is not None and p.step >= 20, timeout=40, what="20 steps")
+    nodes[1].terminate()
+    nodes[1].wait(timeout=35)
+    exits = wait_for(lambda: {**nodes[0].exits(), **nodes[1].exits()}.values() if
+                     len(nodes[0].exits()) + len(nodes[1].exits()) == 2 else None, timeout=20,
+                     what="both ranks to exit")
+    steps = {step for step, _ in exits}
+    assert len(steps) == 1, f"ranks stopped at different steps: {exits}"
+    reasons = sorted(reason for _, reason in exits)
+    assert reasons == ["stop requested (SIGTERM)", "stop requested (by a peer)"]
+    assert job.checkpoint_steps() == sorted(steps)
