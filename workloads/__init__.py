@@ -15,4 +15,12 @@ from workloads.data import MicroBatch
 from workloads.spec import RunConfig, SpecError, load_run_config, runtime_argument_parser
 from workloads.trainer import LossFn, TrainingRun
 
-__all__ = ["LossFn", "MicroBatch", "RunConfig", "SpecError", "TrainingRun", "load_run_config", "runtime_argument_parser"]
+__all__ = [
+    "LossFn",
+    "MicroBatch",
+    "RunConfig",
+    "SpecError",
+    "TrainingRun",
+    "load_run_config",
+    "runtime_argument_parser",
+]

@@ -29,7 +29,9 @@ class CompressionSetting:
     powersgd_rank: int | None = None
 
 
-def wrap_ddp(module: nn.Module, setting: CompressionSetting, *, device_ids: list[int] | None) -> DistributedDataParallel:
+def wrap_ddp(
+    module: nn.Module, setting: CompressionSetting, *, device_ids: list[int] | None
+) -> DistributedDataParallel:
     """A new DDP around `module` with the communication hook for `setting` registered (collective)."""
     ddp = DistributedDataParallel(module, device_ids=device_ids)
     if setting.compression is Compression.FP16:

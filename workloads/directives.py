@@ -44,6 +44,9 @@ _log = logging.getLogger(__name__)
 _COMPRESSION_CODES: dict[Compression | None, int] = {None: 0, Compression.NONE: 1, Compression.FP16: 2,
                                                      Compression.POWERSGD: 3}
 _CODE_COMPRESSIONS = {code: compression for compression, code in _COMPRESSION_CODES.items()}
+MAX_REASONS = 16
+MAX_REASON_CHARS = 500
+"""What a `DirectiveOutcome` may carry (the contract's limits)."""
 DIRECTIVE_FIELDS = 8
 """Length of an encoded directive: present, version, checkpoint_requests, then the five optional settings."""
 
@@ -94,7 +97,8 @@ def decide(
     step: int,
 ) -> tuple[Settings | None, DirectiveOutcome]:
     """Apply or refuse one version: (new settings, outcome) when applied, (None, outcome with reasons) when refused."""
-    reasons = violations(ranges, directives) + plan_violations(plan, directives)
+    found = violations(ranges, directives) + plan_violations(plan, directives)
+    reasons = [reason[:MAX_REASON_CHARS] for reason in found[:MAX_REASONS]]
     if reasons:
         outcome = DirectiveOutcome(
             version=directives.version, status=DirectiveStatus.REFUSED, step=step, reasons=tuple(reasons)
@@ -105,7 +109,10 @@ def decide(
 
 
 def encode(directives: Directives | None) -> list[float]:
-    """The directive as floats for the step's agreement vector (all zeros = nothing new); ints stay exact < 2**53."""
+    """The directive as floats for the step's agreement vector (all zeros = nothing new).
+
+    float64 holds every integer up to 2**53 exactly, which is the contract's MAX_COUNT for every counter.
+    """
     if directives is None:
         return [0.0] * DIRECTIVE_FIELDS
     return [

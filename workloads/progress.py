@@ -7,6 +7,7 @@ those are the moments someone waits for. Without a control directory (plain torc
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -25,6 +26,17 @@ from harmonaize.jobs import Compression, ParallelPlan
 __all__ = ["MIN_INTERVAL_S", "ProgressReporter", "ThroughputMeter"]
 
 MIN_INTERVAL_S = 0.2
+
+
+LOSS_LIMIT = 1e30
+"""The contract's bound on a reported loss."""
+
+
+def reportable_loss(loss: float | None) -> float | None:
+    """`loss` if the contract can carry it, else None (a diverged run reports "unknown", not a refused file)."""
+    if loss is None or not math.isfinite(loss) or abs(loss) > LOSS_LIMIT:
+        return None
+    return loss
 
 
 class ThroughputMeter:
@@ -107,7 +119,7 @@ class ProgressReporter:
             step=step,
             world_size=world_size,
             parallel_plan=parallel_plan,
-            loss=loss if loss is not None and loss == loss else None,
+            loss=reportable_loss(loss),
             samples_per_s=samples_per_s,
             resumed_from_step=resumed_from_step,
             last_checkpoint_step=last_checkpoint_step,

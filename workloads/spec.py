@@ -89,7 +89,10 @@ class RunConfig:
 
 
 def runtime_argument_parser() -> argparse.ArgumentParser:
-    """The runtime's own flags, for a script's parser: `argparse.ArgumentParser(parents=[runtime_argument_parser()])`."""
+    """The runtime's own flags, for a script's parser.
+
+    Use as `argparse.ArgumentParser(parents=[runtime_argument_parser()])`, so the script's `parse_args` accepts them.
+    """
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_argument_group("HarmonAIze runtime (ignored when $HZ_RUN_SPEC names a spec)")
     group.add_argument("--checkpoint-dir", type=Path, default=None, help=f"checkpoints (or ${ENV_CHECKPOINT_DIR})")
@@ -100,7 +103,9 @@ def runtime_argument_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"ddp, fsdp or hsdp (or ${ENV_PARALLEL_PLAN}; default ddp)",
     )
-    group.add_argument("--locality-group", default=None, help=f"this node's group for HSDP (or ${ENV_LOCALITY_GROUP})")
+    group.add_argument(
+        "--locality-group", default=None, help=f"this node's group for HSDP (or ${ENV_LOCALITY_GROUP})"
+    )
     return parser
 
 
@@ -122,7 +127,9 @@ def load_run_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | 
     args, _ = runtime_argument_parser().parse_known_args(list(argv) if argv is not None else None)
     checkpoint_dir = args.checkpoint_dir or _optional_path(env.get(ENV_CHECKPOINT_DIR))
     if checkpoint_dir is None:
-        raise SpecError(f"no checkpoint directory: pass --checkpoint-dir, or set {ENV_CHECKPOINT_DIR} or {ENV_RUN_SPEC}")
+        raise SpecError(
+            f"no checkpoint directory: pass --checkpoint-dir, or set {ENV_CHECKPOINT_DIR} or {ENV_RUN_SPEC}"
+        )
     plan = args.parallel_plan or env.get(ENV_PARALLEL_PLAN) or ParallelPlan.DDP.value
     try:
         parallel_plan = ParallelPlan(plan)

@@ -356,7 +356,8 @@ class TrainingRun:
         self._handled_version = directives.version
         self._progress.record_outcome(outcome)
         if outcome.status is DirectiveStatus.REFUSED:
-            self._warn("step %d: directives v%d refused: %s", self._step, directives.version, "; ".join(outcome.reasons))
+            reasons = "; ".join(outcome.reasons)
+            self._warn("step %d: directives v%d refused: %s", self._step, directives.version, reasons)
             return False
         assert settings is not None
         self._applied = directives

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harmonaize.job_runtime import CONTROL_DIRECTIVES_FILE, Directives, DirectiveStatus, JobRanges, Range
+from harmonaize.job_runtime import (
+    CONTROL_DIRECTIVES_FILE,
+    MAX_COUNT,
+    MAX_WORLD,
+    Directives,
+    DirectiveStatus,
+    JobRanges,
+    Range,
+)
 from harmonaize.jobs import Compression, ParallelPlan
 from workloads.directives import DirectiveReader, Settings, decide, decode, effective_settings, encode
 
@@ -72,17 +80,17 @@ def test_a_tenant_without_a_batch_size_range_keeps_its_batch_size() -> None:
     assert settings is None and "no batch_size range" in outcome.reasons[0]
 
 
-optional_int = st.one_of(st.none(), st.integers(min_value=1, max_value=2**40))
+optional_count = st.one_of(st.none(), st.integers(min_value=1, max_value=MAX_COUNT))
 
 
 @given(
-    version=st.integers(min_value=0, max_value=2**50),
-    requests=st.integers(min_value=0, max_value=2**50),
-    interval=optional_int,
+    version=st.integers(min_value=0, max_value=MAX_COUNT),
+    requests=st.integers(min_value=0, max_value=MAX_COUNT),
+    interval=optional_count,
     compression=st.one_of(st.none(), st.sampled_from(list(Compression))),
-    rank=optional_int,
-    batch=optional_int,
-    accumulation=optional_int,
+    rank=st.one_of(st.none(), st.integers(min_value=1, max_value=MAX_WORLD)),
+    batch=optional_count,
+    accumulation=optional_count,
 )
 def test_the_agreement_encoding_round_trips(
     version: int, requests: int, interval: int | None, compression: Compression | None, rank: int | None,

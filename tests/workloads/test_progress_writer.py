@@ -5,8 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harmonaize.job_runtime import CONTROL_PROGRESS_FILE, MAX_OUTCOMES, DirectiveOutcome, DirectiveStatus, JobProgress
-from harmonaize.job_runtime import read_model
+import pytest
+
+from harmonaize.job_runtime import (
+    CONTROL_PROGRESS_FILE,
+    MAX_OUTCOMES,
+    DirectiveOutcome,
+    DirectiveStatus,
+    JobProgress,
+    read_model,
+)
 from harmonaize.jobs import Compression, ParallelPlan
 from workloads.progress import MIN_INTERVAL_S, ProgressReporter, ThroughputMeter
 
@@ -55,9 +63,10 @@ def test_outcomes_keep_the_last_twenty(tmp_path: Path) -> None:
     assert progress is not None and [o.version for o in progress.outcomes] == list(range(5, MAX_OUTCOMES + 5))
 
 
-def test_nan_loss_is_reported_as_unknown(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), -float("inf"), 1e31])
+def test_a_diverged_loss_is_reported_as_unknown(tmp_path: Path, loss: float) -> None:
     reporter = ProgressReporter(tmp_path, tenant="a", job="j", epoch=0, enabled=True)
-    reporter.report(force=True, **{**fields(1), "loss": float("nan")})
+    reporter.report(force=True, **{**fields(1), "loss": loss})
     progress = read_model(tmp_path / CONTROL_PROGRESS_FILE, JobProgress)
     assert progress is not None and progress.loss is None
 

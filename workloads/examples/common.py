@@ -16,18 +16,28 @@ __all__ = ["example_arguments", "train"]
 def example_arguments(description: str, *, batch_size: int, lr: float) -> argparse.ArgumentParser:
     """The examples' flags plus the runtime's (`--checkpoint-dir`, `--control-dir`, `--parallel-plan`, ...)."""
     parser = argparse.ArgumentParser(description=description, parents=[runtime_argument_parser()])
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after this step (default: run until stopped)")
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="stop after this step (default: run until stopped)"
+    )
     parser.add_argument("--batch-size", type=int, default=batch_size, help="per-rank micro-batch size")
     parser.add_argument("--gradient-accumulation", type=int, default=1)
     parser.add_argument("--checkpoint-interval", type=int, default=100, help="steps (clamped to the tenant's range)")
     parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--step-delay-ms", type=float, default=0.0, help="sleep after each step (slows a job for tests)")
+    parser.add_argument(
+        "--step-delay-ms", type=float, default=0.0, help="sleep after each step (slows a job for tests)"
+    )
     parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps (rank 0)")
     return parser
 
 
-def train(run: TrainingRun, loss_fn: LossFn, args: argparse.Namespace, *, on_log: Callable[[int, float], None] | None = None) -> None:
+def train(
+    run: TrainingRun,
+    loss_fn: LossFn,
+    args: argparse.Namespace,
+    *,
+    on_log: Callable[[int, float], None] | None = None,
+) -> None:
     """The whole loop of an example: step until every rank agreed to stop; rank 0 logs `step=N loss=X`."""
     log = logging.getLogger("workloads.examples")
     with run:
