@@ -20,6 +20,7 @@ counter (so a restart neither re-applies nor re-checkpoints what it already did)
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -264,7 +265,12 @@ class TrainingRun:
         return self
 
     def close(self, *, failed: bool = False) -> None:
-        """Write final progress and leave the process group; after a failure, touch nothing collective."""
+        """Write final progress and leave the process group; after a failure, touch nothing collective.
+
+        Afterwards `model` is the plain module: the DDP/FSDP wrappers (and the HSDP mesh) hold process groups, and
+        dropping them here lets gloo's threads be joined now rather than during interpreter shutdown, where a
+        late teardown has been seen to abort a worker that had already checkpointed and said goodbye.
+        """
         if self._closed or not self._started:
             return
         self._closed = True
@@ -273,9 +279,11 @@ class TrainingRun:
         self._report(force=True)
         self._info("exiting at step %d (%s)", self._step, self._stop_reason or "closed")
         if self._own_process_group and dist.is_initialized():
-            # Leave together: a rank tearing down its connections while a peer still talks can abort the peer.
-            dist.barrier()
+            dist.barrier()  # leave together: no rank tears down its connections while a peer still talks
             dist.destroy_process_group()
+            self._model = self._module
+            self.parallel.mesh = None
+            gc.collect()
 
     def request_stop(self) -> None:
         """Stop after the current step as if SIGTERM had arrived (agreed at the next boundary, checkpointed)."""

@@ -17,7 +17,7 @@ from tests.workloads.harness import Cluster, JobDirs, assert_same_state, free_po
 
 pytestmark = pytest.mark.slow
 
-MORE_STEPS = 30
+MORE_STEPS = 40
 
 
 @pytest.mark.parametrize(
