@@ -89,6 +89,7 @@ class JobRanges(_Model):
     compression_allowed: tuple[Compression, ...] = (Compression.NONE,)
     powersgd_max_rank: int | None = Field(default=None, ge=1)
     batch_size: Range | None = None
+    """Per rank and per micro-batch; None: the provider may not change it."""
     gradient_accumulation: Range = Range(min=1, max=1)
 
 
@@ -100,7 +101,9 @@ class Directives(_Model):
     checkpoint_interval_steps: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     compression: Compression | None = None
     powersgd_rank: int | None = Field(default=None, ge=1, le=MAX_WORLD)
-    batch_size: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    batch_size: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT, description="Per rank and per micro-batch (a step sees batch x accumulation x world)."
+    )
     gradient_accumulation: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     reason: str = Field(default="", max_length=500)
 
@@ -173,6 +176,7 @@ class JobProgress(_Model):
     step: int = Field(ge=0, le=MAX_COUNT)
     world_size: int = Field(ge=1, le=MAX_WORLD)
     parallel_plan: ParallelPlan
+    plan_note: str = Field(default="", max_length=500, description="How the plan was laid out, or why it fell back.")
     loss: float | None = Field(default=None, ge=-1e30, le=1e30, allow_inf_nan=False)
     samples_per_s: float | None = Field(default=None, ge=0, le=1e15, allow_inf_nan=False)
     resumed_from_step: int | None = Field(default=None, ge=0, le=MAX_COUNT)

@@ -81,6 +81,8 @@ class ProgressReporter:
         self.job = job
         self.epoch = epoch
         self.outcomes: deque[DirectiveOutcome] = deque(outcomes, maxlen=MAX_OUTCOMES)
+        self.plan_note = ""
+        """How the plan was laid out (shard groups) or why it fell back; reported with every progress."""
         self._clock = clock
         self._last_write: float | None = None
         self.writes = 0
@@ -119,6 +121,7 @@ class ProgressReporter:
             step=step,
             world_size=world_size,
             parallel_plan=parallel_plan,
+            plan_note=self.plan_note[:500],
             loss=reportable_loss(loss),
             samples_per_s=samples_per_s,
             resumed_from_step=resumed_from_step,

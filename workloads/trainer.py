@@ -252,6 +252,7 @@ class TrainingRun:
             enabled=self.rank == 0,
             outcomes=self._restored_outcomes,
         )
+        self._progress.plan_note = self.parallel.describe()
         self._reader = DirectiveReader(self.config.control_dir if self.rank == 0 else None)
         self._started = True
         self._running = True

@@ -30,6 +30,7 @@ async def test_repartition_ddp_to_hsdp_resumes_from_resharded_state(make_cloud) 
     after = await wait_for(hsdp, timeout=120, what="the job running as HSDP", interval=0.2)
     assert after["world_size"] == 4
     assert after["resumed_from_step"] >= before["step"]
+    assert "shard groups" in after["plan_note"], after["plan_note"]  # two groups of two, one per locality group
     plans = [entry["parallel_plan"] for entry in await cloud.timeline("train")]
     assert plans == ["ddp", "hsdp"]
 
