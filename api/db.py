@@ -12,18 +12,23 @@ SQLite is configured for one process serving concurrent requests:
   downgrade left tables dropped. The driver's own handling is switched off and SQLAlchemy emits `BEGIN` itself
   (the documented recipe), so a migration or a use case is all or nothing on SQLite too.
 
-PostgreSQL (`postgresql+asyncpg://...` in HZ_DATABASE_URL) gets an ordinary connection pool.
+PostgreSQL (`postgresql+asyncpg://...` in HZ_DATABASE_URL) gets an ordinary connection pool, whose connections are
+pinged before use, so one that died with a database restart is replaced instead of failing a request.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import NullPool
+
+_log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 POSTGRES_POOL_SIZE = 16
@@ -84,3 +89,19 @@ def make_engine(url: str | URL, *, single_use: bool = False, foreign_keys: bool 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions whose objects stay readable after commit (responses are built after the service commits)."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def close_session(session: AsyncSession) -> None:
+    """Close a request's session, returning its connection to the pool.
+
+    A request's session closes after its response has gone out. If the database went away meanwhile, the rollback
+    that closing does fails on a dead connection, which the pool has then already discarded: nothing is left to undo,
+    so that failure is logged here rather than raised into the server, which would drop the client's connection.
+    """
+    try:
+        async with session:  # closing on exit runs to completion even if the request is cancelled meanwhile
+            pass
+    except (DBAPIError, OSError) as exc:
+        if isinstance(exc, DBAPIError) and not exc.connection_invalidated:
+            raise
+        _log.warning("closing a session on a lost database connection: %r", exc)

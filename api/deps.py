@@ -18,6 +18,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db import close_session
 from api.log_context import bind
 from api.models import Tenant
 from api.options import NegotiationRuntime
@@ -31,8 +32,11 @@ _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
-    async with request.app.state.sessionmaker() as session:
+    session = request.app.state.sessionmaker()
+    try:
         yield session
+    finally:
+        await close_session(session)
 
 
 def _settings(request: Request) -> Settings:

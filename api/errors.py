@@ -2,18 +2,22 @@
 
 Validation errors name the field as `<where>.<path>` (`path.job_id`, `body.batch_size.min`), so a client can point at
 what to fix; a cross-field check raised at model level names its field in the error's ctx (`schemas.check_ordered`). Domain errors from the services map to statuses here, keeping HTTP out of the services. Integrity errors
-the services did not anticipate (a race on a unique key) are conflicts, not crashes; a pool timeout is a 503.
+the services did not anticipate (a race on a unique key) are conflicts, not crashes; a pool timeout is a 503, and so
+is a database that cannot be reached (refused, reset or timed-out connections while it restarts or is away): the API
+keeps serving, says why, and recovers by itself when the database is back (tests/faults/test_database_outage.py).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, IntegrityError, StatementError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -128,7 +132,50 @@ async def _on_pool_timeout(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, "the database is busy; retry shortly", headers={"Retry-After": "1"})
 
 
+_NETWORK_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH,
+                   errno.ENETUNREACH, errno.EPIPE}
+_UNREACHABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+"""SQLSTATE class 08 (connection exception); admin/crash shutdown and "cannot connect now" (the server restarting)."""
+_DATABASE_MODULES = ("sqlalchemy.", "asyncpg.", "aiosqlite.")
+
+
+def _raised_in_database_code(exc: BaseException) -> bool:
+    return any(
+        str(frame.f_globals.get("__name__", "")).startswith(_DATABASE_MODULES)
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+    )
+
+
+def _database_unreachable(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says the database cannot be reached right now: a connection SQLAlchemy found
+    dead, the server saying it is shutting down or starting up, or a connection refused, reset or timed out inside
+    the database driver (drivers raise these as plain OS errors while connecting)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        link = pending.pop()
+        if link is None or id(link) in seen:
+            continue
+        seen.add(id(link))
+        if isinstance(link, DBAPIError) and link.connection_invalidated:
+            return True
+        code = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
+        if isinstance(code, str) and code.startswith(_UNREACHABLE_SQLSTATES):
+            return True
+        network = isinstance(link, (ConnectionError, TimeoutError)) or (
+            isinstance(link, OSError) and link.errno in _NETWORK_ERRNOS
+        )
+        if network and _raised_in_database_code(link):
+            return True
+        orig = getattr(link, "orig", None)
+        pending.extend([orig if isinstance(orig, BaseException) else None, link.__cause__])
+    return False
+
+
 async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    if _database_unreachable(exc):
+        _log.warning("database unreachable, answered 503: %r", exc)
+        return error_response(503, "the database is unavailable; retry shortly", headers={"Retry-After": "1"})
     _log.error("unhandled error", exc_info=exc)
     return error_response(500, "internal error")
 
@@ -142,4 +189,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PoolTimeoutError, _on_pool_timeout)
     for unstorable in (DataError, StatementError, OverflowError):
         app.add_exception_handler(unstorable, _on_unstorable_value)
+    app.add_exception_handler(OSError, _on_unexpected)  # a refused database connection arrives as a bare OSError
     app.add_exception_handler(Exception, _on_unexpected)
