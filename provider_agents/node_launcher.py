@@ -53,6 +53,7 @@ from harmonaize.job_runtime import (
 )
 from harmonaize.pseudonyms import locality_pseudonym
 from provider_agents.processes import alive, marked_processes, signal_marked
+from provider_agents.warm_torchrun import WarmTorchrun, node_env
 
 __all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF"]
 
@@ -75,6 +76,8 @@ class LauncherConfig:
     max_restarts: int = 3
     monitor_interval_s: float = 0.5
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    warm: bool = True
+    """Keep a torchrun agent with torch already imported, ready to become the next node (`warm_torchrun`)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class _Node:
     process: asyncio.subprocess.Process | None = None
     returncode: int | None = None
     failures: int = 0
+    agent_marker: str | None = None
+    """The marker in the torchrun agent's own environment when it was a warm process (its workers carry `marker`)."""
     settled: bool = False
     """Exited and dealt with (finished, or out of restarts): nothing more to do until the epoch moves on."""
 
@@ -133,6 +138,10 @@ class NodeLauncher:
         self._progress_seen: dict[tuple[str, str], int] = {}
         self.starts = 0
         self.adopted = 0
+        self.warm_starts = 0
+        self._warm: WarmTorchrun | None = None
+        self._warming: asyncio.Task[None] | None = None
+        self._warm_count = 0
         self._adopt_existing()
 
     # -- state on disk -------------------------------------------------------------------------------------------
@@ -152,18 +161,25 @@ class NodeLauncher:
                 state = json.loads(state_file.read_text())
                 spec = NodeSpec(**{**state["spec"], "entrypoint": tuple(state["spec"]["entrypoint"])})
                 pid, marker = int(state["pid"]), str(state["marker"])
+                agent_marker = state.get("agent_marker")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring unreadable node state %s: %r", state_file, exc)
                 continue
-            if pid in marked_processes(marker):
-                self._nodes[(spec.tenant, spec.job)] = _Node(spec=spec, pid=pid, marker=marker)
+            if pid in marked_processes(agent_marker or marker):
+                self._nodes[(spec.tenant, spec.job)] = _Node(
+                    spec=spec, pid=pid, marker=marker, agent_marker=agent_marker
+                )
                 self.adopted += 1
                 log.info("adopted running node %s (pid %d)", marker, pid)
 
     def _save_state(self, node: _Node) -> None:
         path = self.control_dir(node.spec.tenant, node.spec.job) / "node.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": node.pid, "marker": node.marker, "spec": asdict(node.spec)}))
+        tmp.write_text(
+            json.dumps(
+                {"pid": node.pid, "marker": node.marker, "agent_marker": node.agent_marker, "spec": asdict(node.spec)}
+            )
+        )
         os.replace(tmp, path)
 
     # -- the reconcile pass --------------------------------------------------------------------------------------
@@ -181,6 +197,8 @@ class NodeLauncher:
             return
         wanted = _launchable(assignment)
         group = assignment.locality_group
+        if wanted:
+            self.prewarm()
         for key in [key for key in self._nodes if key not in wanted and key not in self._busy]:
             node = self._nodes.pop(key)
             self._spawn(key, self._stop(node, RestartMode.GRACEFUL))
@@ -290,11 +308,21 @@ class NodeLauncher:
             *spec.entrypoint,
         ]
         log_path = control / f"node-e{spec.epoch}.log"
-        with open(log_path, "ab") as log_file:
-            process = await asyncio.create_subprocess_exec(
-                *command, stdout=log_file, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True
-            )
-        node = _Node(spec=spec, pid=process.pid, marker=marker, process=process, failures=failures)
+        warm = self._warm if self._warm is not None and self._warm.ready else None
+        self._warm = None
+        if warm is not None:
+            process = await warm.take(command[3:], env=node_env(env), log=log_path)
+            self.warm_starts += 1
+        else:
+            with open(log_path, "ab") as log_file:
+                process = await asyncio.create_subprocess_exec(
+                    *command, stdout=log_file, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True
+                )
+        self.prewarm()
+        node = _Node(
+            spec=spec, pid=process.pid, marker=marker, process=process, failures=failures,
+            agent_marker=warm.marker if warm is not None else None,
+        )
         self._nodes[(spec.tenant, spec.job)] = node
         self._save_state(node)
         self.starts += 1
@@ -303,14 +331,19 @@ class NodeLauncher:
             self.config.host, spec.tenant, spec.job, spec.epoch, spec.workers, spec.nodes, spec.plan, process.pid,
         )
 
+    def _kill(self, node: _Node) -> None:
+        signal_marked(node.marker, signal.SIGKILL)
+        if node.agent_marker is not None:
+            signal_marked(node.agent_marker, signal.SIGKILL)
+
     async def _stop(self, node: _Node, mode: RestartMode) -> None:
         if mode is RestartMode.IMMEDIATE or not node.running():
-            signal_marked(node.marker, signal.SIGKILL)
+            self._kill(node)
         else:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(node.pid, signal.SIGTERM)
             await self._wait_gone(node, self.config.grace_s)
-            signal_marked(node.marker, signal.SIGKILL)
+            self._kill(node)
         await self._wait_gone(node, 5.0)
         if node.process is not None and node.process.returncode is None:
             with contextlib.suppress(TimeoutError):
@@ -323,12 +356,32 @@ class NodeLauncher:
             if node.process is not None and node.process.returncode is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(node.process.wait(), 0.1)
-            if not marked_processes(node.marker):
+            agent_gone = node.agent_marker is None or not marked_processes(node.agent_marker)
+            if agent_gone and not marked_processes(node.marker):
                 return
             await asyncio.sleep(0.05)
 
+    def prewarm(self) -> None:
+        """Start a warm torchrun agent in the background if none is ready or coming (no-op when `warm` is off)."""
+        if not self.config.warm or self._warm is not None or (self._warming is not None and not self._warming.done()):
+            return
+        self._warming = asyncio.get_running_loop().create_task(self._make_warm(), name="hz-warm-torchrun")
+
+    async def _make_warm(self) -> None:
+        self._warm_count += 1
+        marker = f"{self.config.host}.warm.{os.getpid()}.{self._warm_count}"
+        env = {**os.environ, **self.config.extra_env}
+        self._warm = await WarmTorchrun.spawn(
+            self.config.python, env=env, marker=marker, log=self.config.work_dir / "warm-torchrun.log"
+        )
+
     async def shutdown(self, *, stop_nodes: bool) -> None:
         """Finish in-flight work; stop every node only when asked (an agent restart must leave them running)."""
+        if self._warming is not None:
+            await asyncio.gather(self._warming, return_exceptions=True)
+        if self._warm is not None:
+            await self._warm.discard()
+            self._warm = None
         await self.settle()
         if stop_nodes:
             for key in list(self._nodes):

@@ -50,7 +50,7 @@ class Rig:
         monkeypatch.setenv("HZ_FAKE_STOP_S", str(stop_s))
         self.config = LauncherConfig(
             host="h1", work_dir=tmp_path / "work", checkpoint_root=tmp_path / "ckpt", python=sys.executable,
-            grace_s=5.0,
+            grace_s=5.0, warm=False,
         )
         self.progress: list[JobProgress] = []
         self.endpoint: str | None = "127.0.0.1:29999"
@@ -190,4 +190,36 @@ async def test_a_finished_node_is_not_restarted_and_a_failing_one_gives_up(
         await _converge(launcher, _assignment(_job(epoch=2)))
         await asyncio.sleep(0.05)
     assert 1 + 1 + launcher.config.max_restarts >= len(rig.starts()) >= 3
+    await launcher.shutdown(stop_nodes=True)
+
+
+async def test_a_warm_torchrun_becomes_the_next_node_with_its_arguments_and_marker(tmp_path: Path) -> None:
+    """The real `torch.distributed.run`, warmed ahead, takes the node's arguments and environment from stdin: a
+    one-node job rendezvouses on a provider-style store and its worker sees the node's marker and spec."""
+    from provider_agents.rendezvous_host import _start_store
+
+    store = _start_store("127.0.0.1")
+    out = tmp_path / "worker.txt"
+    config = LauncherConfig(host="h1", work_dir=tmp_path / "work", checkpoint_root=tmp_path / "ckpt",
+                            python=sys.executable, grace_s=5.0)
+
+    async def endpoint(tenant: str, job: str) -> str | None:
+        return f"127.0.0.1:{store.port}"
+
+    launcher = NodeLauncher(config, secret=SECRET, endpoints=endpoint)
+    launcher.prewarm()
+    await eventually(lambda: launcher._warm is not None and launcher._warm.ready, timeout=30, what="a warm agent")
+    warm_pid = launcher._warm.process.pid  # type: ignore[union-attr]
+    job = _job(epoch=4, nodes=1).model_copy(
+        update={"entrypoint": ("--no-python", "sh", "-c", f'echo "$HZ_NODE_ID $RANK $HZ_RUN_SPEC" > {out}')}
+    )
+    await _converge(launcher, _assignment(job))
+    assert launcher.warm_starts == 1
+    node = launcher._nodes[("acme", "train")]
+    assert node.pid == warm_pid and node.agent_marker is not None
+    await eventually(lambda: out.exists() and out.read_text().strip(), timeout=60, what="the worker ran")
+    marker, rank, spec = out.read_text().split()
+    assert (marker, rank) == ("h1.acme.train.e4", "0") and spec.endswith("spec-e4.json")
+    await eventually(lambda: not node.running(), timeout=30, what="the one-step job finished")
+    assert node.process is not None and node.process.returncode == 0
     await launcher.shutdown(stop_nodes=True)

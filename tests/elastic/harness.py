@@ -157,6 +157,11 @@ class ElasticCloud:
         return dict(accepted.json())
 
     def stop_processes(self) -> None:
+        """Kill the training nodes first (a graceful stop would checkpoint, which a test's teardown does not need,
+        and a frozen host's peers would wait out the grace period), then stop agents and loops."""
+        for host in HOSTS:
+            signal_marked(f"{host}.", signal.SIGCONT, prefix=True)
+            signal_marked(f"{host}.", signal.SIGKILL, prefix=True)
         for proc in [*self.agents.values(), *self.others]:
             if proc.poll() is None:
                 try:
