@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from harmonaize.events import CarbonIntensity, Congestion, CongestionLevel, EventData, Maintenance, make_event
+from harmonaize.tracing import new_traceparent
 from provider_agents.projection import TenantEvent
 
 __all__ = ["DEFAULT_CARBON_EVERY", "ChangeTracker"]
@@ -101,5 +102,7 @@ def _all_clear(ended: TenantEvent, now: datetime) -> TenantEvent:
     data = Congestion(
         level=CongestionLevel.NONE, slowdown=1.0, scope=previous.scope, groups=previous.groups, since=now
     )
-    event = make_event(data, source=ended.event.source, subject=ended.event.subject, time=now)
+    event = make_event(
+        data, source=ended.event.source, subject=ended.event.subject, time=now, traceparent=new_traceparent()
+    )
     return TenantEvent(ended.tenant, ended.job, ended.slot, event)

@@ -71,6 +71,7 @@ from harmonaize.events import (
 )
 from harmonaize.pseudonyms import host_pseudonym, locality_pseudonym
 from harmonaize.subjects import tenant_event_subject
+from harmonaize.tracing import new_traceparent
 from provider_agents.telemetry.model import FailureSignal, HostTelemetry, LinkCongestion, RawFailureKind
 
 __all__ = [
@@ -209,7 +210,10 @@ class _JobView:
     def event(self, data: EventData, slot: str) -> TenantEvent:
         source = agent_source(self.hosts[self.here])
         return TenantEvent(
-            self.tenant, self.job, slot, make_event(data, source=source, subject=self.job, time=self.sampled_at)
+            self.tenant,
+            self.job,
+            slot,
+            make_event(data, source=source, subject=self.job, time=self.sampled_at, traceparent=new_traceparent()),
         )
 
 
@@ -393,7 +397,9 @@ def host_down(assignment: HostAssignment, secret: bytes, *, detected_at: datetim
         seen.add((job.tenant, job.job))
         pseudonym = host_pseudonym(secret, job.tenant, assignment.host)
         data = Failure(kind=FailureKind.HOST_DOWN, host=pseudonym, detected_at=detected_at, severity=Severity.CRITICAL)
-        event = make_event(data, source=agent_source(pseudonym), subject=job.job, time=detected_at)
+        event = make_event(
+            data, source=agent_source(pseudonym), subject=job.job, time=detected_at, traceparent=new_traceparent()
+        )
         events.append(TenantEvent(job.tenant, job.job, "failure:host_down", event))
     return tuple(events)
 

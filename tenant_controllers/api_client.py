@@ -35,7 +35,7 @@ from tenant_controllers.errors import (
     InvalidRequestError,
     NotFoundError,
 )
-from tenant_controllers.idempotency import new_idempotency_key
+from tenant_controllers.idempotency import current_traceparent, new_idempotency_key
 from tenant_controllers.models import Negotiation, NegotiationPage
 
 __all__ = ["EventConsumerInfo", "ProviderApi"]
@@ -230,6 +230,9 @@ class ProviderApi:
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
+        trace = current_traceparent()
+        if trace is not None:
+            headers = {**(headers or {}), "traceparent": trace}
         try:
             reply = await self._client.request(method, path, json=json, params=params, headers=headers)
         except httpx.TransportError as exc:  # timeouts, refused or dropped connections

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HandlerInvocation", "invocation", "new_idempotency_key"]
+__all__ = ["HandlerInvocation", "current_traceparent", "invocation", "new_idempotency_key"]
 
 
 @dataclass
@@ -39,6 +39,8 @@ class HandlerInvocation:
     event_id: str
     handler: str
     attempt: int
+    traceparent: str | None = None
+    """The event's trace continued (a new span): sent as `traceparent` on the handler's API calls."""
     _calls: Iterator[int] = field(default_factory=itertools.count)
 
     def next_call(self) -> int:
@@ -56,6 +58,12 @@ def invocation(current: HandlerInvocation) -> Iterator[HandlerInvocation]:
         yield current
     finally:
         _current.reset(token)
+
+
+def current_traceparent() -> str | None:
+    """The trace of the event whose handler is running, if it carried one."""
+    current = _current.get()
+    return None if current is None else current.traceparent
 
 
 def new_idempotency_key(scope: str, body: Any) -> str:

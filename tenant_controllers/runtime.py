@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harmonaize.events import CloudEvent, EventData, EventError, parse_event
+from harmonaize.tracing import child_traceparent
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.controller import Controller
 from tenant_controllers.errors import PermanentError
@@ -321,7 +322,8 @@ class ControllerRuntime:
             self.store.record(name, envelope.id, handler.id, status=Status.GAVE_UP, outcome=outcome.describe())
 
     async def _attempt(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job, number: int) -> Any:
-        with invocation(HandlerInvocation(self.controller.name, envelope.id, handler.id, number)):
+        trace = child_traceparent(envelope.traceparent) if envelope.traceparent else None
+        with invocation(HandlerInvocation(self.controller.name, envelope.id, handler.id, number, traceparent=trace)):
             await job.ensure_fresh(self.job_max_age)
             args, kwargs = handler.binder.arguments(
                 {"payload": envelope.data, "job": job, "envelope": envelope, "logger": self._handler_log}

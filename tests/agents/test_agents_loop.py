@@ -234,7 +234,7 @@ async def test_same_seed_same_events() -> None:
         for _ in range(7):
             await agent.step()
             clock.advance(1.0)
-        return [{"nats_subject": p.subject, **p.event.to_json_dict(), "id": None} for p in sink.items]
+        return [{"nats_subject": p.subject, **p.event.to_json_dict(), "id": None, "traceparent": None} for p in sink.items]
 
     first, second = await run_once(), await run_once()
     assert first == second
