@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -19,30 +19,8 @@ from sqlalchemy.engine import URL, make_url
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
 from tests.api.conftest import DEFAULT_POSTGRES_URL, PostgresServer
+from tests.controllers.conftest import _no_tasks_left_behind, _private_cwd  # noqa: F401  (the same hygiene, autouse)
 from tests.controllers.live_cloud import LiveCloud, live_cloud
-
-
-@pytest.fixture(autouse=True)
-async def _no_tasks_left_behind() -> AsyncIterator[None]:
-    before = set(asyncio.all_tasks())
-    yield
-    for _ in range(3):
-        await asyncio.sleep(0)
-    current = asyncio.current_task()
-    left = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]
-    if left:
-        for task in left:
-            task.cancel()
-        await asyncio.gather(*left, return_exceptions=True)
-        pytest.fail(f"test left {len(left)} asyncio task(s) running: {sorted(t.get_name() for t in left)}")
-
-
-@pytest.fixture(autouse=True)
-def _private_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    yield
 
 
 @pytest.fixture
