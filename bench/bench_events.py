@@ -107,6 +107,15 @@ LABELS = {
 TIMEOUTS = (asyncio.TimeoutError, nats.errors.TimeoutError)
 
 
+def label(args: argparse.Namespace, key: str) -> str:
+    """A target's row label; the baseline's names the fsync policy both brokers run with."""
+    if key == "raw" and args.sync != "always":
+        return "raw (no sync)"
+    if key.startswith("ours") and args.sync != "always":
+        return LABELS[key][:-1] + ", no sync)"
+    return LABELS[key]
+
+
 def _exit_with_parent() -> None:
     """A helper process never outlives the benchmark that started it (even if that one is killed)."""
     parent = os.getppid()
@@ -683,8 +692,9 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
     from broker_config.render import render_accounts
     from broker_config.server import NatsServer
     ours_server = NatsServer(workdir / "ours", accounts_text=render_accounts(ProviderKeys(PROVIDER_SECRET.encode()), []),
-                             host=HOST, server_name="bench-ours")
-    plain = PlainServer(workdir / "plain", sync_always=True, name="bench-plain")
+                             host=HOST, server_name="bench-ours", sync_interval=args.sync)
+    # The baseline gets the same fsync policy as our broker (a period: nats-server's own default, 2 minutes).
+    plain = PlainServer(workdir / "plain", sync_always=args.sync == "always", name="bench-plain")
     nosync = PlainServer(workdir / "plain-nosync", sync_always=False, name="bench-nosync") if args.nosync else None
     servers: list[Any] = [s for s in (ours_server, plain, nosync) if s is not None]
     api_dir = workdir / "api"
@@ -917,7 +927,8 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
         f"nats-server {meta['nats_server']}, nats-py {meta['nats_py']}; event: Congestion CloudEvent, {event_bytes} B "
         f"JSON; {args.hosts} simulated hosts = {args.hosts} JetStreamPublishers on {min(args.connections, args.hosts)} "
         f"provider connections in one fleet process; controller: ControllerRuntime defaults (batch 16, "
-        f"max_in_flight 64), HandledStore on disk; {args.rounds} rounds; load average at start {meta['loadavg']}",
+        f"max_in_flight 64), HandledStore on disk; brokers' JetStream sync_interval: {args.sync}; {args.rounds} "
+        f"rounds; load average at start {meta['loadavg']}",
         "rates: median over rounds (min-max); ratio: median of per-round ratios; latencies: percentiles over all "
         "rounds' events; CPU in cores: fleet / nats-server (ours, or plain for raw) / controller process / API",
     ]
@@ -933,7 +944,7 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
         if key.startswith("raw"):
             cpu["nats"] = cpu.get("nats_plain", math.nan)
         per = v["ms_per_event"]
-        rows.append([LABELS[key], fmt(v["rate"], "/s"), f"{v['rate_min']:,.0f}-{v['rate_max']:,.0f}",
+        rows.append([label(args, key), fmt(v["rate"], "/s"), f"{v['rate_min']:,.0f}-{v['rate_max']:,.0f}",
                      fmt(s["tp_ratio"].get(key, math.nan), "x") if key != "raw" else "1.00x",
                      fmt(v["publish_rate"], "/s"), _ms(v["p50_ms"]), _ms(v["p99_ms"]), _cpu(cpu),
                      f"{per['fleet']:.2f}/{per['ctl']:.2f}/{per['api']:.2f}"])
@@ -956,7 +967,7 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
         if key.startswith("raw"):
             cpu["nats"] = cpu.get("nats_plain", math.nan) if key == "raw" else math.nan
         handled = v["published"] - v["missing"]
-        rows.append([LABELS[key], f"{handled:,}/{v['published']:,}", fmt(v["handled_rate"], "/s"),
+        rows.append([label(args, key), f"{handled:,}/{v['published']:,}", fmt(v["handled_rate"], "/s"),
                      _ms(v["p50_ms"]), _ms(v["p90_ms"]), _ms(v["p99_ms"]), _ms(v["max_ms"]),
                      " ".join(_ms(x) for x in v["p99_by_round_ms"]), _cpu(cpu)])
     lines.append(table(["target", "handled", "handled/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "p99 per round",
@@ -964,7 +975,7 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
     rows = []
     for key, v in s["lat"].items():
         st50, st99 = v["stage_p50_ms"], v["stage_p99_ms"]
-        rows.append([LABELS[key], _ms(v["puback_p50_ms"]), _ms(v["puback_p99_ms"]),
+        rows.append([label(args, key), _ms(v["puback_p50_ms"]), _ms(v["puback_p99_ms"]),
                      f"{_ms(st50[0])} / {_ms(st99[0])}", f"{_ms(st50[1])} / {_ms(st99[1])}",
                      f"{_ms(st50[2])} / {_ms(st99[2])}", _ms(v["fleet_late_p99_ms"])])
     lines += ["", "   where the time goes (p50 / p99 ms, handled events only):",
@@ -981,10 +992,10 @@ def _footer(args: argparse.Namespace, s: dict[str, Any], checks: dict[str, Any])
     verdicts = []
     if s["tp_ratio"]:
         verdicts.append("throughput >= 50% of raw: " + ", ".join(
-            f"{LABELS[k]} {fmt(r, 'x')} ({'met' if r >= 0.5 else 'MISSED'})" for k, r in s["tp_ratio"].items()))
+            f"{label(args, k)} {fmt(r, 'x')} ({'met' if r >= 0.5 else 'MISSED'})" for k, r in s["tp_ratio"].items()))
     if s["lat"]:
         verdicts.append(f"p99 <= 5 ms at {args.rate:,.0f}/s: " + ", ".join(
-            f"{LABELS[k]} {_ms(v['p99_ms'])} ms ({'met' if v['p99_ms'] <= 5 else 'MISSED'})"
+            f"{label(args, k)} {_ms(v['p99_ms'])} ms ({'met' if v['p99_ms'] <= 5 else 'MISSED'})"
             for k, v in s["lat"].items()))
     lines = ["", "targets: " + "; ".join(verdicts)] if verdicts else []
     parts = []
@@ -1011,7 +1022,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="latency: seconds after the phase for the consumer to catch up (default 1, quick 0.4)")
     ap.add_argument("--nosync", action=argparse.BooleanOptionalAction, default=None,
                     help="add a plain server without sync_interval: always to the latency phase "
-                         "(default on, off with --quick)")
+                         "(default on, off with --quick or --sync PERIOD)")
+    ap.add_argument("--sync", default="always",
+                    help="JetStream sync_interval of our broker and of the raw baseline: always (default: fsync "
+                         "before every PubAck, as shipped) or a period such as 2m (HZ_BROKER_SYNC_INTERVAL)")
     ap.add_argument("--targets", default=",".join(LABELS),
                     help=f"comma-separated subset of {','.join(LABELS)} (default: all; raw_nosync needs --nosync)")
     ap.add_argument("--phases", default="tp,lat", help="tp (throughput), lat (latency) or both (default)")
@@ -1041,6 +1055,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name} must be at least 1")
     if args.rate <= 0 or args.tp_seconds <= 0 or args.lat_seconds <= 0:
         ap.error("--rate, --tp-seconds and --lat-seconds must be positive")
+    from broker_config.render import check_sync_interval
+
+    try:
+        check_sync_interval(args.sync)
+    except ValueError as exc:
+        ap.error(f"--sync: {exc}")
+    if args.sync != "always":
+        args.nosync = False  # the baseline itself runs without fsync then
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = sorted(set(args.targets) - set(LABELS))
     if unknown:

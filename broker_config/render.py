@@ -28,6 +28,7 @@ tenant changes rewrite only the accounts file and reload the server (SIGHUP), wh
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -108,6 +109,28 @@ def render_accounts(keys: ProviderKeys, tenants: Sequence[TenantAccount]) -> str
     return f"# Rendered by HarmonAIze from the tenant registry; do not edit.\naccounts: {body}\n"
 
 
+SYNC_ALWAYS = "always"
+_PERIOD = re.compile(r"[1-9][0-9]{0,5}(ms|s|m)")
+
+
+def check_sync_interval(value: str) -> str:
+    """`always`, or a period nats-server accepts (`500ms`, `10s`, `2m`); anything else is refused before rendering.
+
+    Trade-off (NOTES.md): with `always` an acknowledged event survives an OS crash or power loss of the broker's host,
+    at the price of one fsync per stored event (its latency and jitter are the disk's); with a period, acknowledged
+    events of the last period can be lost in such a crash (a process crash or restart loses nothing either way, the
+    page cache survives it). A replicated stream (the `cluster` profile) also holds each event on other hosts, but
+    Jepsen (2025) found acknowledged writes lost there too without `always`, so the default stays `always`.
+    """
+    if value != SYNC_ALWAYS and not _PERIOD.fullmatch(value):
+        raise ValueError(f"sync interval must be 'always' or a period like 500ms, 10s or 2m; got {value!r}")
+    return value
+
+
+def _sync_value(value: str) -> str:
+    return value if value == SYNC_ALWAYS else json.dumps(value)
+
+
 @dataclass(frozen=True)
 class ClusterOptions:
     """A server's place in a cluster: its route listener and the routes to its peers."""
@@ -130,10 +153,15 @@ class ServerOptions:
     http_port: int | None = None
     cluster: ClusterOptions | None = None
     max_payload: str = "1MB"
+    sync_interval: str = SYNC_ALWAYS
+    """JetStream's fsync policy: `always` (fsync before every PubAck) or a period such as `10s` (see below)."""
+
+    def __post_init__(self) -> None:
+        check_sync_interval(self.sync_interval)
 
 
 def render_server(opts: ServerOptions) -> str:
-    """The main config file: listener, JetStream (file store, fsync on every write) and the accounts include."""
+    """The main config file: listener, JetStream (file store, fsync policy) and the accounts include."""
     lines = [
         "# Rendered by HarmonAIze; the accounts file beside it is re-rendered when tenants change.",
         f"server_name: {json.dumps(opts.server_name)}",
@@ -143,7 +171,8 @@ def render_server(opts: ServerOptions) -> str:
         "jetstream {",
         f"  store_dir: {json.dumps(str(opts.store_dir))}",
         # Acknowledged writes survive an OS crash only when each write is fsynced (NOTES.md, Jepsen 2025).
-        "  sync_interval: always",
+        # A period must be a quoted string: nats-server reads a bare `2m` as the number 2,000,000.
+        f"  sync_interval: {_sync_value(opts.sync_interval)}",
         "}",
         f"system_account: {SYSTEM_ACCOUNT}",
     ]

@@ -17,7 +17,15 @@ import sysconfig
 import time
 from pathlib import Path
 
-from broker_config.render import ACCOUNTS_FILE, ClusterOptions, ServerOptions, render_server, write_atomically
+from broker_config.render import (
+    ACCOUNTS_FILE,
+    SYNC_ALWAYS,
+    ClusterOptions,
+    ServerOptions,
+    check_sync_interval,
+    render_server,
+    write_atomically,
+)
 
 
 class BrokerError(RuntimeError):
@@ -111,8 +119,10 @@ class NatsServer:
         port: int = 0,
         server_name: str = "hz-nats",
         cluster: ClusterOptions | None = None,
+        sync_interval: str = SYNC_ALWAYS,
     ) -> None:
         self.directory = Path(directory)
+        self.sync_interval = check_sync_interval(sync_interval)
         self.host = host
         self.port = port or free_port(host)
         self.server_name = server_name
@@ -145,6 +155,7 @@ class NatsServer:
             server_name=self.server_name,
             pid_file=self.pid_file,
             cluster=self.cluster,
+            sync_interval=self.sync_interval,
         )
         write_atomically(self.config_file, render_server(options))
         if not self.accounts_file.exists():

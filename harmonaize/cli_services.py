@@ -376,7 +376,8 @@ def broker_render_config(
         typer.echo(f"{accounts}: {reason} (tenant accounts are added by the API when it starts)")
     configs = {
         directory / MAIN_CONFIG_FILE: ServerOptions(
-            host=host, port=port, store_dir=store, server_name=server_name, http_port=http_port
+            host=host, port=port, store_dir=store, server_name=server_name, http_port=http_port,
+            sync_interval=settings.broker_sync_interval,
         )
     }
     nodes = list(dict.fromkeys(cluster_node or []))
@@ -384,7 +385,8 @@ def broker_render_config(
     for node in nodes:
         cluster = ClusterOptions(name=cluster_name, host=host, port=cluster_port, routes=routes)
         configs[directory / f"cluster-{node}.conf"] = ServerOptions(
-            host=host, port=port, store_dir=store, server_name=node, http_port=http_port, cluster=cluster
+            host=host, port=port, store_dir=store, server_name=node, http_port=http_port, cluster=cluster,
+            sync_interval=settings.broker_sync_interval,
         )
     for path, options in configs.items():
         write_atomically(path, render_server(options))

@@ -187,7 +187,10 @@ async def run_local_cloud(
             "(set --api-port, or 0 for any free port)"
         )
     server = NatsServer(
-        settings.data_dir / "broker", accounts_text=render_accounts(ProviderKeys(secret), []), port=nats_port
+        settings.data_dir / "broker",
+        accounts_text=render_accounts(ProviderKeys(secret), []),
+        port=nats_port,
+        sync_interval=settings.broker_sync_interval,
     )
     bus: NatsProviderBus | None = None
     local_fleet: LocalFleet | None = None

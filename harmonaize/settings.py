@@ -47,6 +47,12 @@ class Settings(BaseSettings):
         default=None,
         description="pid file of the nats-server to signal for a config reload. Empty: <data_dir>/broker/nats.pid.",
     )
+    broker_sync_interval: str = Field(
+        default="always",
+        description="JetStream fsync policy of the broker HarmonAIze starts or renders: 'always' (an acknowledged "
+        "event survives an OS crash; one fsync per event) or a period like 10s (events of the last period can be "
+        "lost if the broker's host crashes; lower latency where fsync is slow).",
+    )
     api_host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(default=8080, ge=0, le=65535, description="Port the API binds to (0: any free port).")
     api_url: str = Field(default="", description="Where tenants reach the API. Empty: http://<api_host>:<api_port>.")
@@ -79,6 +85,13 @@ class Settings(BaseSettings):
     tenant_nats_seed: SecretStr | None = Field(
         default=None, description="A tenant controller's NATS user nkey seed (shown once at tenant creation)."
     )
+
+    @field_validator("broker_sync_interval")
+    @classmethod
+    def _sync_interval_is_known(cls, value: str) -> str:
+        from broker_config.render import check_sync_interval  # broker_config builds on harmonaize, not the reverse
+
+        return check_sync_interval(value)
 
     @field_validator("tenant")
     @classmethod

@@ -1,9 +1,14 @@
 """`Job`: a handler's view of one job, and the way it asks the provider for changes.
 
 A `Job` is level-based: its fields are the provider's answer to `GET /v1/jobs/{id}`, never a value remembered from an
-old event. The runtime re-reads it at every resync, before a handler whenever the copy is older than a bound (one
-second by default), and as soon as the controller itself opened a negotiation (which may change the job); reading it
-before *every* event made one REST round trip the ceiling of a controller's event rate (bench/bench_events.py). What the controller has
+old event. The runtime re-reads it at every resync, and as soon as the controller itself opened a negotiation (which
+may change the job). Between those, a handler's view is kept at most `max_age` old (one second by default) without
+making handlers wait for the provider: once the copy is older than that, the next handler still gets it and a
+background read replaces it (stale-while-revalidate); only a copy older than twice the bound (the job was quiet), or
+none at all, is re-read before the handler runs. Reading before *every* event made one REST round trip the ceiling of
+a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
+(both in bench/bench_events.py). A background read that started before our own negotiation is discarded when it
+lands, so a handler never sees the job as it was before that negotiation. What the controller has
 *observed* about the job is there too: `job.latest(CarbonIntensity)` is the newest carbon event seen for this job (by
 CloudEvent time, so late or reordered deliveries never roll it back), and it survives restarts.
 
@@ -13,6 +18,9 @@ anything else, so a handler stays short and its outcome is decided by what it re
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
@@ -30,6 +38,7 @@ from tenant_controllers.terms import WorkerBounds, build_terms
 __all__ = ["Job", "LatestLookup"]
 
 DataT = TypeVar("DataT", bound=EventData)
+_log = logging.getLogger("tenant_controllers.job")
 LatestLookup = Callable[[str, type[EventData]], EventData | None]
 
 
@@ -43,12 +52,16 @@ class Job:
         api: ProviderApi,
         latest: LatestLookup | None = None,
         snapshot: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.id = job_id
+        self._clock = clock
         self._api = api
         self._latest = latest or (lambda _job, _model: None)
         self._snapshot: dict[str, Any] | None = dict(snapshot) if snapshot is not None else None
-        self._fetched_at: float | None = time.monotonic() if snapshot is not None else None
+        self._fetched_at: float | None = clock() if snapshot is not None else None
+        self._generation = 0  # bumped by our own negotiations: reads started before one are discarded
+        self._background: asyncio.Task[None] | None = None
         self.memo: dict[str, Any] = {}
         """Scratch space that lives as long as the controller process (not persisted)."""
 
@@ -61,18 +74,38 @@ class Job:
 
     async def refresh(self) -> Job:
         """Re-read the job from the provider."""
-        self._snapshot = await self._api.get_job(self.id)
-        self._fetched_at = time.monotonic()
+        generation, started = self._generation, self._clock()
+        snapshot = await self._api.get_job(self.id)
+        if generation == self._generation and (self._fetched_at is None or started >= self._fetched_at):
+            self._snapshot, self._fetched_at = snapshot, started
         return self
 
     async def ensure_fresh(self, max_age: float) -> Job:
-        """Re-read the job unless the copy is younger than `max_age` seconds (0: always re-read)."""
-        if self._fetched_at is None or time.monotonic() - self._fetched_at >= max_age:
+        """Make the view at most `max_age` seconds old, waiting for the provider only when it must (see above)."""
+        age = None if self._fetched_at is None else self._clock() - self._fetched_at
+        if age is None or age >= 2 * max_age:
             await self.refresh()
+        elif age >= max_age and (self._background is None or self._background.done()):
+            self._background = asyncio.create_task(self._refresh_quietly(), name=f"hz-job-refresh-{self.id}")
         return self
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except Exception as exc:  # the next handler waits for a read of its own, with its retry policy
+            _log.warning("background read of job %s failed: %s", self.id, exc)
+
+    async def aclose(self) -> None:
+        """Stop a background read (the controller is stopping)."""
+        task, self._background = self._background, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _invalidate(self) -> None:
         """The job may have changed (we negotiated): the next `ensure_fresh` re-reads it."""
+        self._generation += 1
         self._fetched_at = None
 
     @property

@@ -2,12 +2,14 @@
 
 Tenants cannot create consumers on the broker (a push consumer could deliver into another tenant's subjects, see
 broker_config/render.py), so `open` asks the control plane (`PUT /v1/event-consumers/{name}` with our kinds and jobs)
-and then binds to the consumer through the JetStream API the tenant account imports under `js_api_prefix`.
+and then pulls from it through the JetStream API the tenant account imports under `js_api_prefix`, with a continuous
+pull (`PullStream`: demand always outstanding) rather than nats-py's request-per-batch `fetch`.
 
 Traps handled here (NOTES.md): the broker reports permission problems only through `error_cb`, so errors are logged,
 never silently dropped; acks are plain publishes to `$JS.ACK...` (allowed for tenant users), so an ack can be lost and
-the event redelivered, which the runtime's de-duplication absorbs; the connection reconnects forever, and `fetch`
-turns every transient broker failure into "nothing arrived yet" so the pull loop keeps going across broker restarts.
+the event redelivered, which the runtime's de-duplication absorbs; the connection reconnects forever, a reconnect
+re-issues the pull requests (the old ones died with the connection), and `fetch` turns every transient broker
+failure into "nothing arrived yet" so the pull loop keeps going across broker restarts.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.client import JetStreamContext
 
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.errors import TemporaryError
+from tenant_controllers.pull_stream import PullStream
 from tenant_controllers.sources import Subscription
 
 __all__ = ["NatsDelivery", "NatsEventSource"]
@@ -91,7 +93,7 @@ class NatsEventSource:
         self._reconnect_wait = reconnect_wait
         self._connect_timeout = connect_timeout
         self._nc: Client | None = None
-        self._sub: JetStreamContext.PullSubscription | None = None
+        self._pull: PullStream | None = None
         self._ack_wait: float | None = None
         self._requested_ack_wait = ack_wait
         """Asked of the provider when the consumer is created; None: the provider's default."""
@@ -110,11 +112,14 @@ class NatsEventSource:
             self._nc = await self._connect()
         js = self._nc.jetstream(prefix=info.js_api_prefix)
         try:
-            self._sub = await js.pull_subscribe_bind(info.name, stream=info.stream)
             consumer = await js.consumer_info(info.stream, info.name)
         except nats.errors.Error as exc:
             raise TemporaryError(f"cannot bind to consumer {info.name}: {exc}") from exc
         self._ack_wait = consumer.config.ack_wait
+        if self._pull is not None:
+            await self._pull.stop()
+        self._pull = PullStream(self._nc, api_prefix=info.js_api_prefix, stream=info.stream, consumer=info.name)
+        await self._pull.start()
         _log.info("pulling %s from stream %s (filters %s)", info.name, info.stream, ", ".join(info.filter_subjects))
 
     async def _connect(self) -> Client:
@@ -127,6 +132,8 @@ class NatsEventSource:
 
         async def on_reconnect() -> None:
             _log.info("reconnected to the broker")
+            if self._pull is not None:
+                self._pull.forget_requests()
 
         client = Client()
         try:
@@ -149,20 +156,14 @@ class NatsEventSource:
         return client
 
     async def fetch(self, *, batch: int, timeout: float) -> Sequence[NatsDelivery]:
-        if self._sub is None:
+        if self._pull is None:
             raise RuntimeError("open() the source first")
-        try:
-            messages = await self._sub.fetch(batch, timeout=timeout)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
-            return []
-        except (nats.errors.Error, OSError) as exc:  # disconnected, reconnecting, slow consumer...
-            _log.debug("fetch failed (%s); retrying", exc)
-            await asyncio.sleep(min(timeout, self._reconnect_wait))
-            return []
-        return [NatsDelivery(msg) for msg in messages]
+        return [NatsDelivery(msg) for msg in await self._pull.take(batch, timeout)]
 
     async def close(self) -> None:
-        nc, self._nc, self._sub = self._nc, None, None
+        nc, pull, self._nc, self._pull = self._nc, self._pull, None, None
+        if pull is not None:
+            await pull.stop()
         if nc is None or nc.is_closed:
             return
         # Not drain(): nats-py's drain waits on a pull subscription's pending queue that fetch() never marks done,

@@ -202,6 +202,8 @@ class ControllerRuntime:
                 self._log.warning("a handler did not finish within %.0f s of the stop; cancelling it", patience)
                 task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for lane in lanes:
+            await lane.job.aclose()
 
     # -- pulling and routing -----------------------------------------------------------------------------------------
 
@@ -292,7 +294,7 @@ class ControllerRuntime:
             self._log.info("event %s was already handled; acking the redelivery", envelope.id)
             await delivery.ack()
             return
-        newest = self._observe(envelope)
+        newest = self._observe(envelope, delivery.data)
         for handler in pending:
             if not handler.matches(envelope.data):
                 continue
@@ -371,14 +373,15 @@ class ControllerRuntime:
 
     # -- newest observations -----------------------------------------------------------------------------------------
 
-    def _observe(self, envelope: CloudEvent[Any]) -> bool:
+    def _observe(self, envelope: CloudEvent[Any], raw: bytes) -> bool:
+        """Keep the newest event of its type; stored as it arrived (it decoded once, so it will again after restart)."""
         newest = self.store.observe(
             self.controller.name,
             envelope.subject,
             envelope.type,
             time_=envelope.time,
             event_id=envelope.id,
-            event=envelope.to_json_bytes().decode(),
+            event=raw.decode(),
         )
         if newest:
             self._latest[(envelope.subject, envelope.type)] = envelope.data

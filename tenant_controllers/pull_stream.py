@@ -1,0 +1,180 @@
+"""A continuous pull on a JetStream consumer: demand is always outstanding, so an event flows the moment it is stored.
+
+nats-py 2.16 offers only `fetch()`: each batch is a request/response round trip (a no-wait probe, then a long poll),
+and an event stored while no request is waiting sits on the server until the next one. Under load that round trip is
+where the time goes (the broker answers pull requests from the same lock its fsyncing publishers hold). The newer NATS
+clients (Go's `Consume`, .NET's `ConsumeAsync`; NATS ADR-37) keep pull requests outstanding instead and top them up
+as messages arrive; this is the same protocol, on nats-py's core client:
+
+* a request `{"batch": n, "expires": E, "idle_heartbeat": H}` to `<api prefix>.CONSUMER.MSG.NEXT.<stream>.<consumer>`
+  with our inbox as reply; the server delivers up to n messages there as they are stored;
+* `requested` counts what is still owed to us; when what is owed plus what is buffered falls to half the window, we
+  ask for the difference (so the server never runs dry while we are busy);
+* status messages: 100 is an idle heartbeat (liveness only); 408 (request expired) and 409 (e.g. a leader change)
+  end a request, and their `Nats-Pending-Messages` header says how much of it went unserved; an expiry is re-asked
+  at once, anything else (a deleted consumer, no responders while a leader is elected) after a backoff that doubles
+  up to 5 s, so a consumer that is gone costs a few requests a second, not a hot loop;
+* a request can vanish silently (a broker restart, a reconnect): no message and no heartbeat for three heartbeat
+  intervals, or a reconnect, and we assume nothing is owed and ask again. Asking twice only buffers a few more.
+
+The window is the caller's: `take(batch)` asks for at most `batch` in flight from the server, so messages never wait
+in our buffer long enough for their ack deadline to pass unattended (the runtime asks for what it has room for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+
+__all__ = ["PullStream"]
+
+_log = logging.getLogger("tenant_controllers.nats")
+
+_PENDING_MESSAGES = "Nats-Pending-Messages"
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.25, 5.0
+_STATUS = "Status"
+_DESCRIPTION = "Description"
+
+
+class PullStream:
+    """Outstanding pull requests on one durable consumer, and the messages they brought."""
+
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        api_prefix: str,
+        stream: str,
+        consumer: str,
+        expires: float = 30.0,
+        heartbeat: float = 2.0,
+    ) -> None:
+        if not 0 < heartbeat <= expires / 2:
+            raise ValueError("the idle heartbeat must be positive and at most half of expires")
+        self._nc = nc
+        self._request_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._expires_ns = int(expires * 1e9)
+        self._heartbeat = heartbeat
+        self._inbox = nc.new_inbox()
+        self._sub: NatsSubscription | None = None
+        self._buffer: deque[Msg] = deque()
+        self._arrived = asyncio.Event()
+        self._requested = 0
+        self._window = 0
+        self._last_heard = time.monotonic()
+        self._quiet_until = 0.0
+        self._backoff = _BACKOFF_FIRST
+        self.requests_sent = 0
+        """Pull requests sent (instrumentation: a test or benchmark reads it)."""
+        self.problems: list[str] = []
+        """Status messages that were neither heartbeats nor expiries (a deleted consumer, a leader change...)."""
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_message)
+
+    async def stop(self) -> None:
+        sub, self._sub = self._sub, None
+        self._arrived.set()
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except (nats.errors.Error, OSError):
+                pass
+
+    def forget_requests(self) -> None:
+        """Our requests died with the connection (a reconnect): nothing is owed any more."""
+        self._requested = 0
+        self._arrived.set()  # wake a waiting `take`, which asks again
+
+    async def take(self, batch: int, timeout: float) -> list[Msg]:
+        """Up to `batch` messages; waits at most `timeout` for the first. Never raises for a broker outage."""
+        if batch < 1:
+            return []
+        self._window = batch
+        deadline = time.monotonic() + timeout
+        while not self._buffer:
+            await self._top_up()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._sub is None:
+                return []
+            self._arrived.clear()
+            if self._buffer:
+                break
+            wait = min(remaining, self._heartbeat)
+            quiet = self._quiet_until - time.monotonic()
+            if quiet > 0:
+                wait = min(wait, quiet)
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=wait)
+            except TimeoutError:
+                self._check_liveness()
+        taken = [self._buffer.popleft() for _ in range(min(batch, len(self._buffer)))]
+        await self._top_up()
+        return taken
+
+    # -- demand ------------------------------------------------------------------------------------------------------
+
+    async def _top_up(self) -> None:
+        owed = self._requested + len(self._buffer)
+        want = self._window - owed
+        if want <= 0 or (self._requested > 0 and owed > self._window // 2) or time.monotonic() < self._quiet_until:
+            return
+        request = {"batch": want, "expires": self._expires_ns, "idle_heartbeat": int(self._heartbeat * 1e9)}
+        if self._requested == 0:
+            self._last_heard = time.monotonic()  # the liveness clock starts with the first request outstanding
+        self._requested += want  # before the await: a top-up from the callback meanwhile must see this demand
+        try:
+            await self._nc.publish(self._request_subject, json.dumps(request).encode(), reply=self._inbox)
+        except (nats.errors.Error, OSError) as exc:  # closed or reconnecting: ask again on the next take
+            self._requested = max(0, self._requested - want)
+            _log.debug("pull request not sent (%s)", exc)
+            return
+        self.requests_sent += 1
+
+    def _check_liveness(self) -> None:
+        silent = time.monotonic() - self._last_heard
+        if self._requested > 0 and silent > 3 * self._heartbeat:
+            _log.info("no message or heartbeat for %.1f s: re-issuing the pull request", silent)
+            self._requested = 0
+
+    # -- arrivals ----------------------------------------------------------------------------------------------------
+
+    async def _on_message(self, msg: Msg) -> None:
+        self._last_heard = time.monotonic()
+        status = msg.headers.get(_STATUS) if msg.headers else None
+        if not status:
+            self._requested = max(0, self._requested - 1)
+            self._backoff = _BACKOFF_FIRST
+            self._buffer.append(msg)
+            self._arrived.set()
+            return
+        if status == "100":  # idle heartbeat
+            return
+        unserved = _pending_of(msg)
+        self._requested = max(0, self._requested - unserved) if unserved is not None else 0
+        if status in ("408", "404"):  # expired (or nothing left): ask again now
+            if self._window:
+                await self._top_up()
+        else:
+            description = msg.headers.get(_DESCRIPTION, "") if msg.headers else ""
+            self.problems.append(f"{status} {description}".strip())
+            _log.warning("pull request ended by the broker: %s %s; asking again in %.2f s", status, description,
+                         self._backoff)
+            self._quiet_until = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, _BACKOFF_MAX)
+        self._arrived.set()
+
+
+def _pending_of(msg: Msg) -> int | None:
+    try:
+        return int(msg.headers[_PENDING_MESSAGES]) if msg.headers and _PENDING_MESSAGES in msg.headers else None
+    except ValueError:
+        return None

@@ -1,0 +1,137 @@
+"""A handler's view of its job: bounded in age, refreshed in the background, never older than our own negotiation.
+
+The clock is injected and each `get_job` waits on a gate the test opens, so every interleaving here is chosen by the
+test, not by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tenant_controllers.job import Job
+
+
+class GatedApi:
+    """Answers `get_job` with the current `workers`, each read held until the test releases it."""
+
+    def __init__(self) -> None:
+        self.workers = 2
+        self.reads = 0
+        self.gates: list[asyncio.Event] = []
+
+    async def get_job(self, job_id: str) -> dict[str, Any]:
+        self.reads += 1
+        answer = {"id": job_id, "desired_workers": self.workers, "min_workers": 1, "max_workers": 8,
+                  "parallel_plan": "ddp"}
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return answer
+
+    def release(self) -> None:
+        for gate in self.gates:
+            gate.set()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def until(condition: Any, what: str) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+@pytest.fixture
+def api() -> GatedApi:
+    return GatedApi()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+async def loaded(api: GatedApi, clock: Clock) -> Job:
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    first = asyncio.create_task(job.ensure_fresh(1.0))
+    await until(lambda: api.reads == 1, "first read")
+    assert not first.done(), "with no view at all, the handler must wait for the provider"
+    api.release()
+    await first
+    return job
+
+
+async def test_a_view_younger_than_max_age_is_served_without_a_read(api: GatedApi, clock: Clock) -> None:
+    job = await loaded(api, clock)
+    clock.now += 0.9
+    await job.ensure_fresh(1.0)
+    assert api.reads == 1 and job.workers == 2
+    await job.aclose()
+
+
+async def test_a_stale_view_is_served_at_once_and_replaced_by_a_background_read(api: GatedApi, clock: Clock) -> None:
+    job = await loaded(api, clock)
+    api.workers = 3  # changed at the provider
+    clock.now += 1.5  # older than max_age, younger than twice it
+    await asyncio.wait_for(job.ensure_fresh(1.0), timeout=1)  # returns while the read is held at the gate
+    assert job.workers == 2, "the handler ran on the old view without waiting"
+    await until(lambda: api.reads == 2, "background read")
+    await job.ensure_fresh(1.0)
+    assert api.reads == 2, "one background read at a time"
+    api.release()
+    await until(lambda: job.workers == 3, "the background read landed")
+    clock.now += 0.5
+    await job.ensure_fresh(1.0)
+    assert api.reads == 2, "the view the background read brought counts as fresh"
+    await job.aclose()
+
+
+async def test_a_view_older_than_twice_max_age_is_reread_before_the_handler(api: GatedApi, clock: Clock) -> None:
+    job = await loaded(api, clock)
+    api.workers = 4
+    clock.now += 2.5
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await until(lambda: api.reads == 2, "second read")
+    assert not waiting.done(), "a view that old is not served"
+    api.release()
+    await waiting
+    assert job.workers == 4
+    await job.aclose()
+
+
+async def test_a_background_read_started_before_our_negotiation_is_discarded(api: GatedApi, clock: Clock) -> None:
+    job = await loaded(api, clock)
+    clock.now += 1.5
+    await job.ensure_fresh(1.0)  # background read #2 starts, answering workers=2
+    await until(lambda: api.reads == 2, "background read")
+    job._invalidate()  # what job.negotiate() does before its request
+    api.workers = 3  # the negotiation's effect at the provider
+    api.release()  # read #2 lands now, with the pre-negotiation answer
+    await until(lambda: job._background is not None and job._background.done(), "background read done")
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await until(lambda: api.reads == 3, "a fresh read after the negotiation")
+    assert not waiting.done(), "the pre-negotiation answer must not count as fresh"
+    api.release()
+    await waiting
+    assert job.workers == 3
+    await job.aclose()
+
+
+async def test_stopping_cancels_a_background_read_in_flight(api: GatedApi, clock: Clock) -> None:
+    job = await loaded(api, clock)
+    clock.now += 1.5
+    await job.ensure_fresh(1.0)
+    await until(lambda: api.reads == 2, "background read")
+    background = job._background
+    assert background is not None and not background.done()
+    await job.aclose()
+    assert background.cancelled()
