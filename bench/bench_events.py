@@ -4,10 +4,10 @@
 What is measured is the path an event takes in production: a host agent hands a CloudEvent to its
 `provider_agents.publisher.JetStreamPublisher` (one per agent: an in-order queue, `js.publish` with
 `Nats-Msg-Id` = event id, retried until the PubAck), the broker stores it in the tenant's stream (our rendered
-accounts, `sync_interval: always`), and a `tenant_controllers.Controller` running in a `ControllerRuntime` pulls it
-through the tenant account's imported JetStream API (`NatsEventSource`, consumer created by the real API's
-`PUT /v1/event-consumers`), decodes it, routes it to the job's lane, checks and records it in the `HandledStore`
-(SQLite on disk), calls the typed handler, and acks.
+accounts; JetStream `sync_interval` from `--sync`, default `always` as shipped), and a `tenant_controllers.Controller`
+running in a `ControllerRuntime` pulls it through the tenant account's imported JetStream API (`NatsEventSource`: a
+continuous pull, `PullStream`; consumer created by the real API's `PUT /v1/event-consumers`), decodes it, routes it
+to the job's lane, checks and records it in the `HandledStore` (SQLite on disk), calls the typed handler, and acks.
 
 Processes (2 cores, loopback only):
 
@@ -20,13 +20,15 @@ Processes (2 cores, loopback only):
 * api         the real control plane (`api.app.create_app` with a real `NatsTenantBroker`) under uvicorn: creates the
               tenant account and the consumers, and answers the runtime's `GET /v1/jobs/{id}`.
 * nats        ours (`broker_config.server.NatsServer`, rendered accounts) and a plain single-account server with
-              the same `sync_interval: always` (bench_broker.py's PlainServer); `--nosync` adds a plain server without
-              it, as a reference for what the fsync costs.
+              the same fsync policy (bench_broker.py's PlainServer): `--sync always` (default) or a period for both
+              (`--sync 2m`: nats-server's own default, no fsync before the PubAck); with `always`, `--nosync` adds a
+              plain server without it, as a reference for what the fsync costs.
 
 Targets:
 
-* ours (SDK + API)   the controller exactly as `harmonaize controller run` builds it: the runtime re-reads the job
-                     over REST (`job.refresh()`, i.e. `GET /v1/jobs/{id}`) before every handler call.
+* ours (SDK + API)   the controller exactly as `harmonaize controller run` builds it: the handler's job view is
+                     kept at most `job_max_age` (1 s) old by `GET /v1/jobs/{id}` on the real API, read in the
+                     background while events flow.
 * ours (job cached)  the same runtime, source, store and handler, but `ProviderApi.get_job` answers from memory (a
                      subclass in this file): the SDK's event path without that REST round trip, to attribute costs.
 * raw                nats-py only, same stream and consumer configuration, same payload bytes.

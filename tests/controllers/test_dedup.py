@@ -170,3 +170,81 @@ def test_store_retention_is_bounded_by_age_and_count(tmp_path: Path) -> None:
         assert [r.event_id for r in store.records()] == ["e3", "e4", "e5", "e6", "e7"]
         assert store.prune(now=time.time() + 2 * 3600) == 5
         assert store.records() == []
+
+
+_LAYOUT_0 = """
+CREATE TABLE handled (controller TEXT NOT NULL, event_id TEXT NOT NULL, handler TEXT NOT NULL, status TEXT NOT NULL,
+                      outcome TEXT, at REAL NOT NULL, PRIMARY KEY (controller, event_id, handler));
+CREATE INDEX handled_at ON handled (at);
+CREATE TABLE latest (controller TEXT NOT NULL, job TEXT NOT NULL, type TEXT NOT NULL, time TEXT NOT NULL,
+                     event_id TEXT NOT NULL, event TEXT NOT NULL, PRIMARY KEY (controller, job, type));
+"""
+
+
+def test_a_state_file_of_the_first_layout_is_migrated_with_everything_it_remembered(tmp_path: Path) -> None:
+    """A controller upgraded in place must still know which events it handled (or it would run them again)."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    newest = carbon(321, at=T0)
+    db = sqlite3.connect(path)
+    db.executescript(_LAYOUT_0)
+    db.execute("INSERT INTO handled VALUES ('c', 'e1', 'h', 'done', '7', 1.0)")
+    db.execute("INSERT INTO latest VALUES ('c', 'llm-finetune', ?, ?, ?, ?)",
+               (newest.type, newest.time.isoformat(), newest.id, newest.to_json_bytes().decode()))
+    db.commit()
+    db.close()
+    with HandledStore(path, retention=timedelta(days=365 * 100)) as store:
+        assert store.finished_handlers("c", "e1") == {"h"}
+        assert [(r.event_id, r.outcome) for r in store.records("c")] == [("e1", 7)]
+        assert list(store.latest("c")) == [("llm-finetune", newest.type)]
+        older = carbon(100, at=T0 - timedelta(minutes=1))
+        assert not store.observe("c", "llm-finetune", older.type, time_=older.time, event_id=older.id, event="{}"), (
+            "the newest observation came through the migration"
+        )
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone() == (1,)
+    assert db.execute("SELECT name FROM sqlite_master WHERE name LIKE '%_v0' OR name = 'handled_at'").fetchall() == []
+    db.close()
+
+
+def test_a_state_file_from_a_newer_version_is_refused_not_rewritten(tmp_path: Path) -> None:
+    import sqlite3
+
+    import pytest
+
+    from tenant_controllers.store import StoreVersionError
+
+    path = tmp_path / "future.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(StoreVersionError, match="newer version"):
+        HandledStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone() == (99,)
+    db.close()
+
+
+def test_housekeeping_runs_beside_the_writer_and_keeps_the_file_bounded(tmp_path: Path) -> None:
+    """The writer never checkpoints or prunes itself (each would stall the event loop for milliseconds); the
+    maintenance thread must then do both, or the WAL and the table grow without bound."""
+    import sqlite3
+
+    path = tmp_path / "busy.sqlite3"
+    with HandledStore(path, max_entries=1000, maintenance_interval=0.02) as store:
+        assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        for burst in range(12):
+            for n in range(500):
+                store.record("c", f"e{burst}-{n}", "h", status=Status.DONE, outcome=n)
+            seen = store.checkpoints
+            deadline = time.monotonic() + 5
+            while store.checkpoints < seen + 2 and time.monotonic() < deadline:  # one full interval after the burst
+                time.sleep(0.005)
+            assert store.checkpoints >= seen + 2, "the maintenance thread stopped checkpointing"
+        # 6,000 records would need ~60 MB of WAL without checkpoints; the WAL only ever holds about one burst.
+        assert (path.parent / (path.name + "-wal")).stat().st_size < 15 * 1024 * 1024
+    db = sqlite3.connect(path)
+    (count,) = db.execute("SELECT COUNT(*) FROM handled").fetchone()
+    db.close()
+    assert count <= 1000 + 1000, "pruned in the background to max_entries (plus at most PRUNE_EVERY new ones)"
