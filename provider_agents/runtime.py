@@ -80,16 +80,44 @@ def control_plane(settings: Settings) -> ControlPlane:
     return ControlPlane(settings.resolved_api_url, settings.admin_token.get_secret_value())
 
 
-async def _every(interval_s: float, work: Callable[[], Awaitable[object]], stop: asyncio.Event) -> None:
+async def _every(
+    interval_s: float, work: Callable[[], Awaitable[object]], stop: asyncio.Event, *, abandon_on_stop: bool = False
+) -> None:
+    """Run `work` every `interval_s` until `stop`.
+
+    `abandon_on_stop`: a pass still running when `stop` is set is cancelled instead of awaited. For passes whose
+    only effect is to report level state (progress), which the next agent reports again: otherwise a control plane
+    that is away holds the agent's shutdown for its whole retry schedule (5 attempts x 5 s).
+    """
     while not stop.is_set():
         try:
-            await work()
+            if abandon_on_stop:
+                await _unless_stopped(work(), stop)
+            else:
+                await work()
         except Exception as exc:  # one failed pass (broker or API briefly away) must not end the loop
             log.warning("%s failed: %r", getattr(work, "__name__", "pass"), exc)
         try:
             await asyncio.wait_for(stop.wait(), interval_s)
         except TimeoutError:
             pass
+
+
+async def _unless_stopped(work: Awaitable[object], stop: asyncio.Event) -> None:
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not stop.is_set():
+            raise
 
 
 def provider_secret(settings: Settings) -> bytes:
@@ -246,7 +274,7 @@ def _launcher_loops(launcher: NodeLauncher, fleet: FleetView, host: str, stop: a
     loop = asyncio.get_running_loop()
     return [
         loop.create_task(_every(0.1, converge, stop), name=f"hz-launcher-{host}"),
-        loop.create_task(_every(0.2, relay, stop), name=f"hz-progress-{host}"),
+        loop.create_task(_every(0.2, relay, stop, abandon_on_stop=True), name=f"hz-progress-{host}"),
     ]
 
 

@@ -111,26 +111,35 @@ async def append_round(
     offer: Offer | None = None,
     option: int | None = None,
     note: str | None = None,
-) -> None:
-    """Record one step (the round number is the negotiation's current one)."""
-    last = await session.scalar(
-        select(func.max(NegotiationRound.seq)).where(NegotiationRound.negotiation_id == negotiation.id)
-    )
-    session.add(
-        NegotiationRound(
-            negotiation_id=negotiation.id,
-            seq=int(last or 0) + 1,
-            round=negotiation.round,
-            actor=ACTORS[action],
-            action=action,
-            at=at,
-            terms=None if terms is None else terms.model_dump(mode="json"),
-            offer=None if offer is None else offer.model_dump(mode="json"),
-            option=option,
-            note=None if note is None else note[:500],
+    seq: int | None = None,
+) -> NegotiationRound:
+    """Record one step (the round number is the negotiation's current one).
+
+    `seq`: the step's position when the caller knows it (a negotiation being opened has steps 1 and 2); then neither
+    the `max(seq)` read nor a flush of its own is needed, and the step is written with the rest of the transaction.
+    """
+    flush = seq is None
+    if seq is None:
+        last = await session.scalar(
+            select(func.max(NegotiationRound.seq)).where(NegotiationRound.negotiation_id == negotiation.id)
         )
+        seq = int(last or 0) + 1
+    step = NegotiationRound(
+        negotiation_id=negotiation.id,
+        seq=seq,
+        round=negotiation.round,
+        actor=ACTORS[action],
+        action=action,
+        at=at,
+        terms=None if terms is None else terms.model_dump(mode="json"),
+        offer=None if offer is None else offer.model_dump(mode="json"),
+        option=option,
+        note=None if note is None else note[:500],
     )
-    await session.flush()
+    session.add(step)
+    if flush:
+        await session.flush()
+    return step
 
 
 async def change_state(

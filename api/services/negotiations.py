@@ -21,7 +21,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.models import Host, Job, Negotiation
+from api.models import Host, Job, Negotiation, NegotiationRound
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
 from api.services.errors import ConflictError, InsufficientCapacityError, InvalidRequestError, NotFoundError
@@ -113,11 +113,13 @@ async def _answer(
 
 
 async def _record_answer(
-    session: AsyncSession, negotiation: Negotiation, state: NegotiationState, note: str, now: datetime
-) -> None:
+    session: AsyncSession, negotiation: Negotiation, state: NegotiationState, note: str, now: datetime,
+    *, seq: int | None = None,
+) -> NegotiationRound:
     action = RoundAction.OFFER if state is NegotiationState.OFFERED else RoundAction.DECLINE
-    await append_round(session, negotiation, action, at=now, offer=offer_of(negotiation), note=note)
+    step = await append_round(session, negotiation, action, at=now, offer=offer_of(negotiation), note=note, seq=seq)
     announce(session, negotiation, now=now)
+    return step
 
 
 async def _open(
@@ -142,10 +144,11 @@ async def _open(
     for name, value in values.items():
         setattr(negotiation, name, value)
     session.add(negotiation)
-    await session.flush()
-    await append_round(session, negotiation, RoundAction.REQUEST, at=ctx.now, terms=request.terms)
-    await _record_answer(session, negotiation, state, note, ctx.now)
-    return await load_record(session, negotiation)
+    await session.flush()  # the row first: its rounds and outbox event refer to it
+    # A new negotiation's steps are 1 (the request) and 2 (the answer): no max(seq) reads, no re-read afterwards.
+    request_step = await append_round(session, negotiation, RoundAction.REQUEST, at=ctx.now, terms=request.terms, seq=1)
+    answer_step = await _record_answer(session, negotiation, state, note, ctx.now, seq=2)
+    return NegotiationRecord(negotiation=negotiation, rounds=[request_step, answer_step])
 
 
 async def open_negotiation(
