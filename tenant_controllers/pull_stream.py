@@ -74,8 +74,9 @@ class PullStream:
         self._backoff = _BACKOFF_FIRST
         self.requests_sent = 0
         """Pull requests sent (instrumentation: a test or benchmark reads it)."""
-        self.problems: list[str] = []
-        """Status messages that were neither heartbeats nor expiries (a deleted consumer, a leader change...)."""
+        self.problems: deque[str] = deque(maxlen=100)
+        """The latest status messages that were neither heartbeats nor expiries (a deleted consumer, a leader
+        change...); bounded, since a consumer that stays gone produces one every few seconds."""
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_message)
