@@ -7,8 +7,9 @@ making handlers wait for the provider: once the copy is older than that, the nex
 background read replaces it (stale-while-revalidate); only a copy older than twice the bound (the job was quiet), or
 none at all, is re-read before the handler runs. Reading before *every* event made one REST round trip the ceiling of
 a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
-(both in bench/bench_events.py). A background read that started before our own negotiation is discarded when it
-lands, so a handler never sees the job as it was before that negotiation. What the controller has
+(both in bench/bench_events.py). A background read is applied at the next `ensure_fresh` (before a handler), never
+while a handler runs, so one handler sees one view; a read that started before our own negotiation (or an answer to
+one of its offers) is discarded, so no handler sees the job as it was before that. What the controller has
 *observed* about the job is there too: `job.latest(CarbonIntensity)` is the newest carbon event seen for this job (by
 CloudEvent time, so late or reordered deliveries never roll it back), and it survives restarts.
 
@@ -19,7 +20,6 @@ anything else, so a handler stays short and its outcome is decided by what it re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -62,6 +62,7 @@ class Job:
         self._fetched_at: float | None = clock() if snapshot is not None else None
         self._generation = 0  # bumped by our own negotiations: reads started before one are discarded
         self._background: asyncio.Task[None] | None = None
+        self._staged: tuple[int, float, dict[str, Any]] | None = None  # a background read, applied before a handler
         self.memo: dict[str, Any] = {}
         """Scratch space that lives as long as the controller process (not persisted)."""
 
@@ -76,12 +77,18 @@ class Job:
         """Re-read the job from the provider."""
         generation, started = self._generation, self._clock()
         snapshot = await self._api.get_job(self.id)
+        self._apply(generation, started, snapshot)
+        return self
+
+    def _apply(self, generation: int, started: float, snapshot: dict[str, Any]) -> None:
         if generation == self._generation and (self._fetched_at is None or started >= self._fetched_at):
             self._snapshot, self._fetched_at = snapshot, started
-        return self
 
     async def ensure_fresh(self, max_age: float) -> Job:
         """Make the view at most `max_age` seconds old, waiting for the provider only when it must (see above)."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            self._apply(*staged)
         age = None if self._fetched_at is None else self._clock() - self._fetched_at
         if age is None or age >= 2 * max_age:
             await self.refresh()
@@ -90,18 +97,20 @@ class Job:
         return self
 
     async def _refresh_quietly(self) -> None:
+        generation, started = self._generation, self._clock()
         try:
-            await self.refresh()
+            snapshot = await self._api.get_job(self.id)
         except Exception as exc:  # the next handler waits for a read of its own, with its retry policy
             _log.warning("background read of job %s failed: %s", self.id, exc)
+            return
+        self._staged = (generation, started, snapshot)
 
     async def aclose(self) -> None:
         """Stop a background read (the controller is stopping)."""
         task, self._background = self._background, None
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.gather(task, return_exceptions=True)
 
     def _invalidate(self) -> None:
         """The job may have changed (we negotiated): the next `ensure_fresh` re-reads it."""
@@ -213,7 +222,7 @@ class Job:
         )
         if negotiation.state is NegotiationState.DECLINED:
             raise Declined(negotiation)
-        return Offer(negotiation, api=self._api)
+        return Offer(negotiation, api=self._api, on_change=self._invalidate)
 
     def negotiations(
         self,
@@ -229,4 +238,7 @@ class Job:
     async def open_offers(self) -> list[Offer]:
         """Negotiations of this job still waiting for our answer (e.g. left open by a crashed run)."""
         self._invalidate()  # the caller is about to answer them, which may change the job
-        return [Offer(n, api=self._api) async for n in self.negotiations(state=NegotiationState.OFFERED)]
+        return [
+            Offer(n, api=self._api, on_change=self._invalidate)
+            async for n in self.negotiations(state=NegotiationState.OFFERED)
+        ]

@@ -160,6 +160,11 @@ class NatsEventSource:
             raise RuntimeError("open() the source first")
         return [NatsDelivery(msg) for msg in await self._pull.take(batch, timeout)]
 
+    async def keep_alive(self) -> None:
+        """Extend the ack deadline of events pulled but not yet handed to the runtime (it is full)."""
+        if self._pull is not None:
+            await self._pull.extend_buffered()
+
     async def close(self) -> None:
         nc, pull, self._nc, self._pull = self._nc, self._pull, None, None
         if pull is not None:

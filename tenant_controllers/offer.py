@@ -11,6 +11,7 @@ provider replays the earlier (already accepted) negotiation for the same idempot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from harmonaize.jobs import ParallelPlan
@@ -26,9 +27,13 @@ __all__ = ["Offer"]
 class Offer:
     """The provider's current offer in one negotiation."""
 
-    def __init__(self, negotiation: Negotiation, *, api: ProviderApi) -> None:
+    def __init__(
+        self, negotiation: Negotiation, *, api: ProviderApi, on_change: Callable[[], None] | None = None
+    ) -> None:
         self._negotiation = negotiation
         self._api = api
+        self._on_change = on_change or (lambda: None)
+        """Called before an answer that may change the job (accept, counter): its view must be re-read."""
 
     def __repr__(self) -> str:
         return (
@@ -88,6 +93,7 @@ class Offer:
         if done is not None:
             return done
         chosen = self._option(option)
+        self._on_change()
         try:
             self._negotiation = await self._api.act(self._negotiation, "accept", {"option": option})
         except ConflictError:
@@ -130,6 +136,7 @@ class Offer:
             budget_gpu_hours=budget_gpu_hours,
             base=self.terms,
         )
+        self._on_change()
         answer = await self._api.act(self._negotiation, "counter", new_terms.model_dump(mode="json", exclude_none=True))
         self._negotiation = answer
         if answer.state is NegotiationState.DECLINED:
@@ -139,7 +146,7 @@ class Offer:
                 f"negotiation {self.id} is {answer.state.value} after the counter", status=None, method="POST",
                 url="counter",
             )
-        return Offer(answer, api=self._api)
+        return Offer(answer, api=self._api, on_change=self._on_change)
 
     async def reject(self, reason: str | None = None) -> None:
         """Turn the offer down; the negotiation ends."""

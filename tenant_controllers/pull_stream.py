@@ -17,8 +17,12 @@ as messages arrive; this is the same protocol, on nats-py's core client:
 * a request can vanish silently (a broker restart, a reconnect): no message and no heartbeat for three heartbeat
   intervals, or a reconnect, and we assume nothing is owed and ask again. Asking twice only buffers a few more.
 
-The window is the caller's: `take(batch)` asks for at most `batch` in flight from the server, so messages never wait
-in our buffer long enough for their ack deadline to pass unattended (the runtime asks for what it has room for).
+The window is the caller's: `take(batch)` asks for at most `batch` in flight from the server (the runtime asks for
+what it has room for), and an expired request is renewed from the callback only while a `take` is waiting, so a
+runtime that is full stops asking. What is already buffered then waits: `extend_buffered` keeps its ack deadline
+from passing (the runtime's heartbeat calls it), and `stop` hands it back to the broker. Nothing is asked while the
+connection is down: nats-py would queue the request and send it on reconnect, after which the reconnect forgets what
+was owed and asks again, so requests would pile up.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class PullStream:
         self._arrived = asyncio.Event()
         self._requested = 0
         self._window = 0
+        self._waiting = False  # a `take` is waiting for messages
         self._last_heard = time.monotonic()
         self._quiet_until = 0.0
         self._backoff = _BACKOFF_FIRST
@@ -82,13 +87,29 @@ class PullStream:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_message)
 
     async def stop(self) -> None:
+        """Stop asking, and hand what is buffered back to the broker (it is redelivered at once, not after ack_wait)."""
         sub, self._sub = self._sub, None
+        self._window = 0
         self._arrived.set()
         if sub is not None:
             try:
                 await sub.unsubscribe()
             except (nats.errors.Error, OSError):
                 pass
+        buffered, self._buffer = list(self._buffer), deque()
+        for msg in buffered:
+            try:
+                await msg.nak()
+            except (nats.errors.Error, OSError):  # the broker redelivers after the ack wait instead
+                break
+
+    async def extend_buffered(self) -> None:
+        """Tell the broker we are still working on what is buffered but not yet taken (the runtime is full)."""
+        for msg in list(self._buffer):
+            try:
+                await msg.in_progress()
+            except (nats.errors.Error, OSError):
+                return
 
     def forget_requests(self) -> None:
         """Our requests died with the connection (a reconnect): nothing is owed any more."""
@@ -102,23 +123,29 @@ class PullStream:
         self._window = batch
         deadline = time.monotonic() + timeout
         while not self._buffer:
+            if self._sub is None:
+                return []
+            self._arrived.clear()  # before asking: a wake-up during the publish below is not lost
             await self._top_up()
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._sub is None:
+            if remaining <= 0:
                 return []
-            self._arrived.clear()
             if self._buffer:
                 break
             wait = min(remaining, self._heartbeat)
             quiet = self._quiet_until - time.monotonic()
             if quiet > 0:
                 wait = min(wait, quiet)
+            self._waiting = True
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout=wait)
             except TimeoutError:
                 self._check_liveness()
+            finally:
+                self._waiting = False
         taken = [self._buffer.popleft() for _ in range(min(batch, len(self._buffer)))]
-        await self._top_up()
+        if self._sub is not None:
+            await self._top_up()
         return taken
 
     # -- demand ------------------------------------------------------------------------------------------------------
@@ -127,6 +154,8 @@ class PullStream:
         owed = self._requested + len(self._buffer)
         want = self._window - owed
         if want <= 0 or (self._requested > 0 and owed > self._window // 2) or time.monotonic() < self._quiet_until:
+            return
+        if not self._nc.is_connected:  # it would be queued and sent on reconnect, on top of what we ask then
             return
         request = {"batch": want, "expires": self._expires_ns, "idle_heartbeat": int(self._heartbeat * 1e9)}
         if self._requested == 0:
@@ -142,7 +171,7 @@ class PullStream:
 
     def _check_liveness(self) -> None:
         silent = time.monotonic() - self._last_heard
-        if self._requested > 0 and silent > 3 * self._heartbeat:
+        if self._requested > 0 and silent > 3 * self._heartbeat and self._nc.is_connected:
             _log.info("no message or heartbeat for %.1f s: re-issuing the pull request", silent)
             self._requested = 0
 
@@ -161,8 +190,9 @@ class PullStream:
             return
         unserved = _pending_of(msg)
         self._requested = max(0, self._requested - unserved) if unserved is not None else 0
-        if status in ("408", "404"):  # expired (or nothing left): ask again now
-            if self._window:
+        if status in ("408", "404"):  # expired (or nothing left): ask again now, if someone is waiting
+            self._backoff = _BACKOFF_FIRST
+            if self._waiting:
                 await self._top_up()
         else:
             description = msg.headers.get(_DESCRIPTION, "") if msg.headers else ""

@@ -67,4 +67,9 @@ class EventSource(Protocol):
 
     async def fetch(self, *, batch: int, timeout: float) -> Sequence[Delivery]: ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Stop; anything received but not yet returned by `fetch` goes back to the broker."""
+        ...
+
+    # Optional: `async def keep_alive(self) -> None`, called with the runtime's heartbeat, for a source that holds
+    # deliveries it has not returned yet (a prefetch buffer): it extends their ack deadline as `in_progress` does.

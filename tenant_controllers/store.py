@@ -30,6 +30,7 @@ primary-key read and two one-page commits: ~10 KB of WAL instead of ~22 KB. File
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -44,6 +45,8 @@ from tenant_controllers.errors import ControllerError
 
 __all__ = ["HandledRecord", "HandledStore", "Status", "StoreVersionError"]
 
+_log = logging.getLogger("tenant_controllers.store")
+
 DEFAULT_RETENTION = timedelta(days=8)
 """The broker keeps a tenant's events 7 days (broker_config/streams.py); remember handled ids a day longer."""
 DEFAULT_MAX_ENTRIES = 200_000
@@ -53,6 +56,9 @@ PRUNE_EVERY = 1000
 """Writes between prunes (in the maintenance thread, or inline without one)."""
 PRUNE_CHUNK = 500
 """Rows deleted per transaction when pruning, so a concurrent write never waits long for the lock."""
+SAFETY_CHECKPOINT_PAGES = 10_000
+"""The writer's own automatic checkpoint, ~40 MB of WAL: never reached while the maintenance thread keeps up, and
+a bound on the WAL if it ever stops."""
 
 SCHEMA_VERSION = 1
 _TABLES = """
@@ -142,7 +148,7 @@ class HandledStore:
         self._maintenance: threading.Thread | None = None
         if maintenance_interval is not None and not in_memory:
             # The writer's own checkpoints move to the maintenance thread (a second connection on the same file).
-            self._db.execute("PRAGMA wal_autocheckpoint=0")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={SAFETY_CHECKPOINT_PAGES}")
             self._maintenance = threading.Thread(
                 target=self._maintain, args=(maintenance_interval,), name="hz-handled-store", daemon=True
             )
@@ -171,27 +177,36 @@ class HandledStore:
                 f"{SCHEMA_VERSION}); upgrade, or point --state-dir elsewhere"
             )
         old_layout = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'handled'").fetchone()
-        if version == 0 and old_layout:
-            self._db.executescript(_FROM_VERSION_0)
-        else:
-            self._db.executescript(_TABLES + f"PRAGMA user_version = {SCHEMA_VERSION};")
+        try:
+            if version == 0 and old_layout:
+                self._db.executescript(_FROM_VERSION_0)
+            else:
+                self._db.executescript(_TABLES + f"PRAGMA user_version = {SCHEMA_VERSION};")
+        except BaseException:  # a failed migration leaves the file as it was, and unlocked
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            self._db.close()
+            raise
 
     # -- housekeeping ------------------------------------------------------------------------------------------------
 
     def _maintain(self, interval: float) -> None:
-        db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
+        db: sqlite3.Connection | None = None
         try:
             while not self._stop.wait(interval):
                 try:
+                    if db is None:
+                        db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
                     self._checkpoint(db)
                     self.checkpoints += 1
                     if self._writes - self._pruned_at_writes >= PRUNE_EVERY:
                         self._pruned_at_writes = self._writes
                         self._prune_with(db, now=time.time())
-                except sqlite3.Error:  # busy, or a full disk: try again next interval; the writer is unaffected
-                    continue
+                except Exception as exc:  # busy, a full disk...: try again next interval; the writer is unaffected
+                    _log.warning("handled-event store %s: housekeeping failed (%r); retrying", self.path, exc)
         finally:
-            db.close()
+            if db is not None:
+                db.close()
 
     @staticmethod
     def _checkpoint(db: sqlite3.Connection) -> None:
@@ -237,30 +252,43 @@ class HandledStore:
         return self._prune_with(self._db, now=now if now is not None else time.time())
 
     def _prune_with(self, db: sqlite3.Connection, *, now: float) -> int:
+        """Find what to forget with reads (no lock against the writer: `at` has no index, so they scan), then delete
+        it by primary key in short transactions."""
         cutoff = now - self._retention
         removed = 0
         while True:
-            deleted = db.execute(
-                "DELETE FROM handled WHERE (controller, event_id, handler) IN "
-                "(SELECT controller, event_id, handler FROM handled WHERE at < ? LIMIT ?)",
-                (cutoff, PRUNE_CHUNK),
-            ).rowcount
-            removed += deleted
-            if deleted < PRUNE_CHUNK:
+            keys = db.execute(
+                "SELECT controller, event_id, handler FROM handled WHERE at < ? LIMIT ?", (cutoff, PRUNE_CHUNK)
+            ).fetchall()
+            removed += self._delete_keys(db, keys)
+            if len(keys) < PRUNE_CHUNK:
                 break
         (count,) = db.execute("SELECT COUNT(*) FROM handled").fetchone()
         excess = count - self._max_entries
         while excess > 0:
-            deleted = db.execute(
-                "DELETE FROM handled WHERE (controller, event_id, handler) IN "
-                "(SELECT controller, event_id, handler FROM handled ORDER BY at, event_id, handler LIMIT ?)",
+            keys = db.execute(
+                "SELECT controller, event_id, handler FROM handled ORDER BY at, event_id, handler LIMIT ?",
                 (min(excess, PRUNE_CHUNK),),
-            ).rowcount
+            ).fetchall()
+            deleted = self._delete_keys(db, keys)
             if deleted == 0:
                 break
             removed += deleted
             excess -= deleted
         return removed
+
+    @staticmethod
+    def _delete_keys(db: sqlite3.Connection, keys: list[tuple[str, str, str]]) -> int:
+        if not keys:
+            return 0
+        db.execute("BEGIN")
+        try:
+            db.executemany("DELETE FROM handled WHERE controller = ? AND event_id = ? AND handler = ?", keys)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return len(keys)
 
     # -- newest observations -----------------------------------------------------------------------------------------
 

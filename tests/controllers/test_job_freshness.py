@@ -88,10 +88,11 @@ async def test_a_stale_view_is_served_at_once_and_replaced_by_a_background_read(
     await job.ensure_fresh(1.0)
     assert api.reads == 2, "one background read at a time"
     api.release()
-    await until(lambda: job.workers == 3, "the background read landed")
+    await until(lambda: job._background is not None and job._background.done(), "the background read landed")
+    assert job.workers == 2, "a view never changes under a running handler: the read waits for the next one"
     clock.now += 0.5
-    await job.ensure_fresh(1.0)
-    assert api.reads == 2, "the view the background read brought counts as fresh"
+    await job.ensure_fresh(1.0)  # the next handler
+    assert job.workers == 3 and api.reads == 2, "it gets the background read's view, counted as fresh"
     await job.aclose()
 
 
@@ -113,7 +114,7 @@ async def test_a_background_read_started_before_our_negotiation_is_discarded(api
     clock.now += 1.5
     await job.ensure_fresh(1.0)  # background read #2 starts, answering workers=2
     await until(lambda: api.reads == 2, "background read")
-    job._invalidate()  # what job.negotiate() does before its request
+    job._invalidate()  # what job.negotiate() and offer.accept() do before their requests
     api.workers = 3  # the negotiation's effect at the provider
     api.release()  # read #2 lands now, with the pre-negotiation answer
     await until(lambda: job._background is not None and job._background.done(), "background read done")

@@ -137,3 +137,43 @@ async def test_requests_lost_with_the_connection_are_asked_again_after_a_reconne
             got += await _take_all(pull, 1)
     # The ack of 0 may have died with the broker (acks are flushed asynchronously): then 0 comes again, first.
     assert got in ([1, 2], [0, 1, 2]), got
+
+
+async def test_nothing_is_asked_while_the_broker_is_down(
+    tenant: tuple[Client, list[PullStream]], tenant_broker: NatsTenantBroker, nats_server: NatsServer
+) -> None:
+    """nats-py would queue each request and send them all on reconnect, on top of the one asked then."""
+    nc, streams = tenant
+    pull = _pull(nc, streams, expires=2.0, heartbeat=0.2)  # liveness would re-ask every 0.6 s if allowed
+    await pull.start()
+    assert await pull.take(16, timeout=0.3) == []
+    nats_server.kill()
+    await eventually(lambda: not nc.is_connected, timeout=5, what="the tenant noticed")
+    sent = pull.requests_sent
+    assert await pull.take(16, timeout=2.0) == []
+    assert pull.requests_sent == sent, "requests were queued for a broker that is not there"
+    nats_server.start()
+    await eventually(lambda: nc.is_connected, timeout=10, what="the tenant reconnected")
+    await _publish(tenant_broker, range(2))
+    assert await _take_all(pull, 2) == [0, 1]
+
+
+async def test_stopping_hands_buffered_events_back_at_once(
+    tenant: tuple[Client, list[PullStream]], tenant_broker: NatsTenantBroker
+) -> None:
+    """Without the hand-back, the next run would wait out the ack wait (30 s) for what the last one had buffered."""
+    nc, streams = tenant
+    first = _pull(nc, streams)
+    await first.start()
+    await _publish(tenant_broker, range(6))
+    got: list[int] = []  # taken and never acked: they belong to the first run, which "crashed" holding them
+    async with asyncio.timeout(5):
+        while len(got) < 2:
+            got += [json.loads(m.data)["n"] for m in await first.take(2 - len(got), timeout=1.0)]
+    await eventually(lambda: len(first._buffer) > 0, timeout=5, what="more events buffered than taken")
+    await first.stop()
+    second = _pull(nc, streams)
+    await second.start()
+    async with asyncio.timeout(5):  # far below the 30 s ack wait
+        rest = await _take_all(second, 6 - len(got))
+    assert sorted(got + rest) == list(range(6))
