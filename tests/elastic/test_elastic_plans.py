@@ -91,10 +91,12 @@ async def test_an_agent_restart_adopts_its_running_node_instead_of_restarting_it
     agent.wait()
     assert alive(node_pid), "the node outlives its agent"
     cloud.start_agent("h1")
+    log_file = cloud.data_dir / "agent-h1.log"
+    # The job trains on without its agent, so reaching later steps says nothing about the new agent: wait for it.
+    await wait_for(lambda: "adopted running node" in log_file.read_text(), timeout=60,
+                   what="the restarted agent adopting the node")
     later = await cloud.running_at("train", world=2, steps_after=before["step"] + 20)
     assert later["epoch"] == before["epoch"], "no new epoch: nothing was restarted"
     assert alive(node_pid)
     assert json.loads(state_file.read_text())["pid"] == node_pid
-    log = (cloud.data_dir / "agent-h1.log").read_text()
-    assert "adopted running node" in log
-    assert log.count("started acme/train") == 1
+    assert log_file.read_text().count("started acme/train") == 1
