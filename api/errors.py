@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -98,9 +99,8 @@ async def _on_integrity_error(_request: Request, exc: Exception) -> JSONResponse
     return error_response(409, "the request conflicts with existing data")
 
 
-def _unstorable(exc: BaseException) -> bool:
-    """Whether `exc` (or what it wraps) says a value could not be held: Python's OverflowError, or an SQL data
-    exception (SQLSTATE class 22: numeric value out of range, datetime overflow, ...)."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and everything it wraps, each once: SQLAlchemy's `orig` (the driver's error) and `__cause__` links."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -108,14 +108,23 @@ def _unstorable(exc: BaseException) -> bool:
         if link is None or id(link) in seen:
             continue
         seen.add(id(link))
-        if isinstance(link, (OverflowError, DataError)):
-            return True
-        code = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
-        if isinstance(code, str) and code.startswith("22"):
-            return True
+        yield link
         orig = getattr(link, "orig", None)
         pending.extend([orig if isinstance(orig, BaseException) else None, link.__cause__])
-    return False
+
+
+def _sqlstate(link: BaseException) -> str | None:
+    code = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
+    return code if isinstance(code, str) else None
+
+
+def _unstorable(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says a value could not be held: Python's OverflowError, or an SQL data
+    exception (SQLSTATE class 22: numeric value out of range, datetime overflow, ...)."""
+    return any(
+        isinstance(link, (OverflowError, DataError)) or (_sqlstate(link) or "").startswith("22")
+        for link in _chain(exc)
+    )
 
 
 async def _on_unstorable_value(request: Request, exc: Exception) -> JSONResponse:
@@ -150,25 +159,16 @@ def _database_unreachable(exc: BaseException) -> bool:
     """Whether `exc` (or what it wraps) says the database cannot be reached right now: a connection SQLAlchemy found
     dead, the server saying it is shutting down or starting up, or a connection refused, reset or timed out inside
     the database driver (drivers raise these as plain OS errors while connecting)."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        link = pending.pop()
-        if link is None or id(link) in seen:
-            continue
-        seen.add(id(link))
+    for link in _chain(exc):
         if isinstance(link, DBAPIError) and link.connection_invalidated:
             return True
-        code = getattr(link, "sqlstate", None) or getattr(link, "pgcode", None)
-        if isinstance(code, str) and code.startswith(_UNREACHABLE_SQLSTATES):
+        if (_sqlstate(link) or "").startswith(_UNREACHABLE_SQLSTATES):
             return True
         network = isinstance(link, (ConnectionError, TimeoutError)) or (
             isinstance(link, OSError) and link.errno in _NETWORK_ERRNOS
         )
         if network and _raised_in_database_code(link):
             return True
-        orig = getattr(link, "orig", None)
-        pending.extend([orig if isinstance(orig, BaseException) else None, link.__cause__])
     return False
 
 

@@ -615,29 +615,25 @@ async def run_ours(
         out["scale_down"] = await transition("agreement 3 -> 2", 2, accepted, ApiProbe(p, 2, epoch), args.timeout)
         await settle(2, accepted)
 
-        epoch = await epoch_now()
-        watcher.poll()
-        members = hosts_of_epoch(p, epoch)
-        leader = rank0_host(watcher, epoch)
-        victim = next(h for h in members if h != leader)
-        failed = p.kill_host(victim)
-        out["kill"] = await transition(f"kill -9 {victim}", 1, failed, ApiProbe(p, 1, epoch, victim), args.timeout)
-        out["kill"].note = f"victim {victim} (not rank 0), survivor {leader}"
-        await settle(1, failed)
+        async def fail_a_follower(key: str, verb: str, fail: Callable[[str], float]) -> float:
+            """Fail one host of the job that is not rank 0's (so the survivor's log keeps timing the steps)."""
+            epoch = await epoch_now()
+            watcher.poll()
+            leader = rank0_host(watcher, epoch)
+            victim = next(h for h in hosts_of_epoch(p, epoch) if h != leader)
+            failed = fail(victim)
+            out[key] = await transition(f"{verb} {victim}", 1, failed, ApiProbe(p, 1, epoch, victim), args.timeout)
+            out[key].note = f"victim {victim} (not rank 0), survivor {leader}"
+            return failed
+
+        await settle(1, await fail_a_follower("kill", "kill -9", p.kill_host))
 
         epoch = await epoch_now()
         accepted = await p.negotiate(2)
         out["grow"] = await transition("agreement 1 -> 2", 2, accepted, ApiProbe(p, 2, epoch), args.timeout)
         await settle(2, accepted)
 
-        epoch = await epoch_now()
-        watcher.poll()
-        members = hosts_of_epoch(p, epoch)
-        leader = rank0_host(watcher, epoch)
-        victim = next(h for h in members if h != leader)
-        failed = p.freeze_host(victim)
-        out["freeze"] = await transition(f"freeze {victim}", 1, failed, ApiProbe(p, 1, epoch, victim), args.timeout)
-        out["freeze"].note = f"victim {victim} (not rank 0), survivor {leader}"
+        await fail_a_follower("freeze", "freeze", p.freeze_host)
         directives = await p.tenant.get(f"/v1/jobs/{JOB}/directives")
         out["launch"].note = f"directives issued during the run: {len(directives.json())}"
 

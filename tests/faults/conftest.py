@@ -10,28 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest
 from sqlalchemy.engine import URL, make_url
 
-from broker_config.provisioner import NatsTenantBroker
-from broker_config.server import NatsServer
 from tests.api.conftest import DEFAULT_POSTGRES_URL, PostgresServer
-from tests.controllers.conftest import _no_tasks_left_behind, _private_cwd  # noqa: F401  (the same hygiene, autouse)
-from tests.controllers.live_cloud import LiveCloud, live_cloud
-
-
-@pytest.fixture
-async def cloud(
-    tmp_path: Path, nats_server: NatsServer, tenant_broker: NatsTenantBroker, provider_secret: bytes
-) -> AsyncIterator[LiveCloud]:
-    """Real broker + real API (uvicorn on a free port, in this process) + tenant acme."""
-    async with live_cloud(
-        tmp_path / "hz", nats_server=nats_server, tenant_broker=tenant_broker, provider_secret=provider_secret
-    ) as world:
-        yield world
+# The same hygiene (autouse) and the same real broker + API + tenant acme as the controllers tier.
+from tests.controllers.conftest import _no_tasks_left_behind, _private_cwd, cloud  # noqa: F401
 
 
 @pytest.fixture
