@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.js.api import StreamConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import APIError
 
 
 async def eventually(
@@ -68,3 +72,17 @@ class Inbox:
     @property
     def subjects(self) -> list[str]:
         return [m.subject for m in self.messages]
+
+
+async def add_stream_once_the_cluster_serves(js: JetStreamContext, config: StreamConfig, *, timeout: float = 30.0) -> None:
+    """Create a stream on a cluster that was just started: its nodes accept clients before they have elected a
+    meta leader, and until then the request fails or goes unanswered."""
+
+    async def created() -> bool:
+        try:
+            await js.add_stream(config)
+            return True
+        except (APIError, NatsTimeout, NoRespondersError):
+            return False
+
+    await eventually(created, timeout=timeout, interval=0.2, what=f"stream {config.name} created on the cluster")

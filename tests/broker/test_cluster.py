@@ -15,7 +15,7 @@ from broker_config.cluster import local_cluster, start_all
 from broker_config.keys import ProviderKeys, new_user_keys
 from broker_config.render import render_accounts
 from broker_config.streams import tenant_events_stream
-from tests.support import eventually
+from tests.support import add_stream_once_the_cluster_serves, eventually
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -30,14 +30,7 @@ async def test_r3_stream_accepts_publishes_after_its_leader_is_killed(tmp_path: 
                                 reconnect_time_wait=0.1, max_reconnect_attempts=-1)
         js = nc.jetstream(timeout=2.0)
 
-        async def stream_created() -> bool:
-            try:
-                await js.add_stream(tenant_events_stream("acme", replicas=3))
-                return True
-            except (APIError, NatsTimeout, NoRespondersError):
-                return False  # the cluster is still electing its meta leader
-
-        await eventually(stream_created, timeout=30, interval=0.2, what="R3 stream created")
+        await add_stream_once_the_cluster_serves(js, tenant_events_stream("acme", replicas=3))
         info = await js.stream_info("HZ_T_acme")
         assert info.config.num_replicas == 3
 

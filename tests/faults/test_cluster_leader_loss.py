@@ -28,7 +28,7 @@ from broker_config.server import remove_store
 from broker_config.streams import tenant_events_stream
 from tests.faults.scripts.agent_publisher import event_id
 from tests.faults.support import SCRIPTS, Process, clean_env, duplicates, python, scaled, stored_event_ids
-from tests.support import eventually
+from tests.support import add_stream_once_the_cluster_serves, eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(180, 900))]
 
@@ -51,14 +51,7 @@ async def test_nothing_acknowledged_is_lost_when_the_stream_leader_dies_mid_publ
     try:
         js = nc.jetstream(timeout=2.0)
 
-        async def stream_created() -> bool:
-            try:
-                await js.add_stream(tenant_events_stream("acme", replicas=3))
-                return True
-            except (APIError, NatsTimeout, NoRespondersError):
-                return False  # the cluster is still electing its meta leader
-
-        await eventually(stream_created, timeout=30, interval=0.2, what="R3 stream created")
+        await add_stream_once_the_cluster_serves(js, tenant_events_stream("acme", replicas=3))
         urls = ",".join(s.url for s in servers)
         agents = [
             Process(
