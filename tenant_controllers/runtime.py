@@ -303,6 +303,7 @@ class ControllerRuntime:
                 self.store.record(name, envelope.id, handler.id, status=Status.STALE)
                 continue
             await self._run_event_handler(handler, envelope, job)
+        self.store.flush()  # the newest observation, if no handler's record carried it
         await delivery.ack()
 
     async def _run_event_handler(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job) -> None:

@@ -22,8 +22,10 @@ own short transaction, so the loop's next write waits at most for one chunk.
 
 The layout is chosen for the write per event, the store's main cost (bench/bench_events.py): both tables are
 `WITHOUT ROWID` (one B-tree each, no separate primary-key index), `handled` has no index on `at` (only pruning reads
-it, in the background), and whether an event is the newest of its type is decided from memory, so an event costs one
-primary-key read and two one-page commits: ~10 KB of WAL instead of ~22 KB. Files written by the first layout
+it, in the background), and whether an event is the newest of its type is decided from memory. The newest event is
+written in the same transaction as its first handler's record (or by `flush`, before the ack, if no handler
+records): an event costs one primary-key read and one commit. Deferring that write loses nothing: until the event is
+acked the broker redelivers it, and observing it again decides the same. Files written by the first layout
 (`user_version` 0) are migrated when opened.
 """
 
@@ -96,6 +98,12 @@ COMMIT;
 """
 
 
+_RECORD = (
+    "INSERT OR REPLACE INTO handled (controller, event_id, handler, status, outcome, at) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_OBSERVE = "INSERT OR REPLACE INTO latest (controller, job, type, time, event_id, event) VALUES (?, ?, ?, ?, ?, ?)"
+
+
 class StoreVersionError(ControllerError):
     """The file was written by a newer HarmonAIze (a layout this version does not know)."""
 
@@ -138,6 +146,8 @@ class HandledStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._create_or_migrate()
         self._newest: dict[tuple[str, str, str], tuple[datetime, str]] = {}
+        self._unwritten: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+        """Newest observations not yet in the file: key -> (time, event id, event); see `observe`."""
         self._newest_loaded: set[str] = set()
         self._writes = 0
         self._pruned_at_writes = 0
@@ -155,6 +165,7 @@ class HandledStore:
             self._maintenance.start()
 
     def close(self) -> None:
+        self.flush()
         if self._maintenance is not None:
             self._stop.set()
             self._maintenance.join()
@@ -227,15 +238,34 @@ class HandledStore:
         return {row[0] for row in rows}
 
     def record(self, controller: str, event_id: str, handler: str, *, status: str, outcome: Any = None) -> None:
-        """Commit that `handler` finished `event_id` (call before acking the event)."""
+        """Commit that `handler` finished `event_id`, with any newest observation not yet written (call before acking
+        the event)."""
         encoded = json.dumps(to_jsonable_python(outcome, fallback=repr))
-        self._db.execute(
-            "INSERT OR REPLACE INTO handled (controller, event_id, handler, status, outcome, at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (controller, event_id, handler, status, encoded, time.time()),
-        )
+        row = (controller, event_id, handler, status, encoded, time.time())
+        if not self._unwritten:
+            self._db.execute(_RECORD, row)
+        else:
+            self._in_transaction(lambda: self._db.execute(_RECORD, row))
         self._writes += 1
         self._maybe_prune_inline()
+
+    def flush(self) -> None:
+        """Commit the newest observations not yet written (call before acking an event no handler recorded)."""
+        if self._unwritten:
+            self._in_transaction(lambda: None)
+
+    def _in_transaction(self, write: Any) -> None:
+        """Run `write` and the unwritten observations as one commit; they stay unwritten if it fails."""
+        pending = [(*key, *value) for key, value in self._unwritten.items()]
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany(_OBSERVE, pending)
+            write()
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._unwritten.clear()
 
     def records(self, controller: str | None = None) -> list[HandledRecord]:
         """Everything recorded (for one controller), oldest first."""
@@ -296,7 +326,7 @@ class HandledStore:
         """Keep `event` if it is the newest of its type for the job; True when it is (ties: the first one seen).
 
         The comparison uses what this store has kept (in memory, loaded from the file once per controller): this
-        process is the file's only writer.
+        process is the file's only writer. The event is written with the next `record` or `flush`.
         """
         self._load_newest(controller)
         key = (controller, job, event_type)
@@ -307,10 +337,7 @@ class HandledStore:
                 return False
             if newest_id == event_id:
                 return True
-        self._db.execute(
-            "INSERT OR REPLACE INTO latest (controller, job, type, time, event_id, event) VALUES (?, ?, ?, ?, ?, ?)",
-            (controller, job, event_type, time_.isoformat(), event_id, event),
-        )
+        self._unwritten[key] = (time_.isoformat(), event_id, event)
         self._newest[key] = (time_, event_id)
         return True
 
@@ -323,6 +350,10 @@ class HandledStore:
         self._newest_loaded.add(controller)
 
     def latest(self, controller: str) -> dict[tuple[str, str], str]:
-        """(job, type) -> the newest event's JSON, for one controller."""
+        """(job, type) -> the newest event's JSON, for one controller (what is written, and what is not yet)."""
         rows = self._db.execute("SELECT job, type, event FROM latest WHERE controller = ?", (controller,))
-        return {(job, event_type): event for job, event_type, event in rows}
+        found = {(job, event_type): event for job, event_type, event in rows}
+        for (owner, job, event_type), (_time, _id, event) in self._unwritten.items():
+            if owner == controller:
+                found[(job, event_type)] = event
+        return found

@@ -166,6 +166,11 @@ class CloudEvent(BaseModel, Generic[DataT]):
         return {name for name in ("dataschema", "traceparent", "tracestate") if getattr(self, name) is None}
 
 
+_CORE_ATTRIBUTES = frozenset(CloudEvent.model_fields)
+"""The envelope's own attribute names (a class attribute lookup on the model costs ~1 us, once per attribute of every
+event decoded)."""
+
+
 def _check_extension(name: object, value: object) -> None:
     """Refuse what CloudEvents forbids for extensions, and binary data, which this contract never carries."""
     if name == "data_base64":
@@ -214,7 +219,7 @@ def make_event(
     }
     attributes.update({name: value for name, value in optional.items() if value is not None})
     for name, value in (extensions or {}).items():
-        if name in CloudEvent.model_fields:
+        if name in _CORE_ATTRIBUTES:
             raise InvalidEventError(data.event_type(), [(name, "is a core attribute, not an extension")])
         attributes[name] = value
     envelope = CloudEvent[type(data)]  # type: ignore[misc]
@@ -268,7 +273,7 @@ def _load_object(raw: bytes | bytearray | memoryview | str | Mapping[str, Any]) 
         shown = repr(specversion)[:40] if "specversion" in attributes else "missing"
         raise InvalidEventError(attributes.get("type"), [("specversion", f"must be '1.0' (got {shown})")])
     for name in attributes:
-        if name not in CloudEvent.model_fields:
+        if name not in _CORE_ATTRIBUTES:
             try:
                 _check_extension(name, attributes[name])
             except ValueError as exc:

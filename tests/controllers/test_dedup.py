@@ -162,6 +162,64 @@ async def test_latest_observations_survive_a_restart(bus: MemoryBroker, api: Pro
     assert seen == [123]
 
 
+def _written_latest(path: Path) -> list[str]:
+    """What another reader of the file (a restarted controller) would find as newest observations."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        return [row[0] for row in db.execute("SELECT event_id FROM latest ORDER BY event_id")]
+    finally:
+        db.close()
+
+
+def test_an_observation_is_committed_with_its_handlers_record_and_kept_if_that_commit_fails(tmp_path: Path) -> None:
+    """One commit per event: the newest observation waits for the record (the event is not acked before it), and a
+    record that fails to commit takes nothing with it: the observation goes out with the next commit."""
+    path = tmp_path / "handled.sqlite3"
+    first, second = carbon(100, at=T0), carbon(200, at=T0 + timedelta(minutes=1))
+    with HandledStore(path) as store:
+        store._db.execute(  # a real failing commit: the handler name 'refused' is rejected by the file itself
+            "CREATE TRIGGER refuse BEFORE INSERT ON handled WHEN NEW.handler = 'refused' "
+            "BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
+        )
+        assert store.observe("c", "llm-finetune", first.type, time_=first.time, event_id=first.id, event="one")
+        assert _written_latest(path) == [], "observed, not yet written"
+        assert store.latest("c") == {("llm-finetune", first.type): "one"}, "but this process already knows it"
+        store.record("c", first.id, "h", status=Status.DONE)
+        assert _written_latest(path) == [first.id]
+
+        assert store.observe("c", "llm-finetune", second.type, time_=second.time, event_id=second.id, event="two")
+        import sqlite3
+
+        import pytest
+
+        with pytest.raises(sqlite3.IntegrityError, match="refused by test"):
+            store.record("c", second.id, "refused", status=Status.DONE)
+        assert _written_latest(path) == [first.id], "the failed commit wrote nothing"
+        assert store.finished_handlers("c", second.id) == set()
+        store.record("c", second.id, "h", status=Status.DONE)
+        assert _written_latest(path) == [second.id], "the observation went out with the next commit"
+
+
+async def test_an_event_no_handler_records_has_its_observation_written_before_the_ack(
+    bus: MemoryBroker, api: ProviderApi, tmp_path: Path
+) -> None:
+    path = tmp_path / "handled.sqlite3"
+    ctl = Controller(job="llm-finetune", name="c")
+
+    @ctl.on(CarbonIntensity, when=lambda event: event.g_per_kwh > 500)
+    async def on_dirty_power(event: CarbonIntensity) -> None: ...
+
+    clean = carbon(123, at=T0)
+    with HandledStore(path) as store:
+        async with running(ctl, source=MemoryEventSource(bus), api=api, store=store):
+            bus.publish(clean)
+            await eventually(lambda: bus.consumer_state(ctl.consumer) == (1, 0), what="the event acked")
+            assert _written_latest(path) == [clean.id], "written before the ack, not at close"
+            assert store.records() == [], "no handler ran"
+
+
 def test_store_retention_is_bounded_by_age_and_count(tmp_path: Path) -> None:
     with HandledStore(tmp_path / "s.sqlite3", retention=timedelta(hours=1), max_entries=5) as store:
         for n in range(8):
