@@ -177,3 +177,22 @@ async def test_stopping_hands_buffered_events_back_at_once(
     async with asyncio.timeout(5):  # far below the 30 s ack wait
         rest = await _take_all(second, 6 - len(got))
     assert sorted(got + rest) == list(range(6))
+
+
+async def test_the_wake_up_signal_times_out_is_kept_once_set_and_wakes_every_waiter() -> None:
+    """`take` waits on it for arrivals: a missed wake-up would stall the controller until the heartbeat check."""
+    from tenant_controllers.pull_stream import _Signal
+
+    signal = _Signal()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await signal.wait(0.05) is False
+    assert loop.time() - started >= 0.04, "timed out, not returned at once"
+    signal.set()
+    assert await signal.wait(5) is True, "a set before the wait is not lost"
+    signal.clear()
+    waiters = [asyncio.create_task(signal.wait(5)) for _ in range(2)]
+    await eventually(lambda: len(signal._waiters) == 2, timeout=1, what="both waiting")
+    signal.set()
+    async with asyncio.timeout(1):
+        assert await asyncio.gather(*waiters) == [True, True]
