@@ -27,7 +27,7 @@ Processes (2 cores, loopback only):
 Targets:
 
 * ours (SDK + API)   the controller exactly as `harmonaize controller run` builds it: the handler's job view is
-                     kept at most `job_max_age` (1 s) old by `GET /v1/jobs/{id}` on the real API, read in the
+                     kept at most `job_max_age` (5 s) old by `GET /v1/jobs/{id}` on the real API, read in the
                      background while events flow.
 * ours (job cached)  the same runtime, source, store and handler, but `ProviderApi.get_job` answers from memory (a
                      subclass in this file): the SDK's event path without that REST round trip, to attribute costs.

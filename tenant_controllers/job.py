@@ -1,9 +1,11 @@
 """`Job`: a handler's view of one job, and the way it asks the provider for changes.
 
 A `Job` is level-based: its fields are the provider's answer to `GET /v1/jobs/{id}`, never a value remembered from an
-old event. The runtime re-reads it at every resync, and as soon as the controller itself opened a negotiation (which
-may change the job). Between those, a handler's view is kept at most `max_age` old (one second by default) without
-making handlers wait for the provider: once the copy is older than that, the next handler still gets it and a
+old event. The runtime re-reads it at every resync, as soon as the controller itself opened a negotiation (which
+may change the job), and before the handlers of an event that says the job changed (a negotiation's outcome, the job
+restarting at a new shape, a failure of a host it ran on: see `runtime.JOB_CHANGING_KINDS`). Between those, a
+handler's view is kept at most `max_age` old (five seconds by default: a safety net for changes no event announced,
+at one read per job per `max_age` while events flow) without making handlers wait for the provider: once the copy is older than that, the next handler still gets it and a
 background read replaces it (stale-while-revalidate); only a copy older than twice the bound (the job was quiet), or
 none at all, is re-read before the handler runs. Reading before *every* event made one REST round trip the ceiling of
 a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
@@ -112,8 +114,9 @@ class Job:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    def _invalidate(self) -> None:
-        """The job may have changed (we negotiated): the next `ensure_fresh` re-reads it."""
+    def invalidate(self) -> None:
+        """The job may have changed (we negotiated, or an event said so): the next `ensure_fresh` re-reads it, and a
+        read already under way is discarded (it may predate the change)."""
         self._generation += 1
         self._fetched_at = None
 
@@ -216,13 +219,13 @@ class Job:
         self, kind: NegotiationKind, terms: NegotiationTerms, *, idempotency_key: str | None = None
     ) -> Offer:
         """Open a negotiation of any kind with explicit terms; raises Declined when nothing can be offered."""
-        self._invalidate()
+        self.invalidate()
         negotiation = await self._api.create_negotiation(
             job=self.id, kind=kind, terms=terms, idempotency_key=idempotency_key
         )
         if negotiation.state is NegotiationState.DECLINED:
             raise Declined(negotiation)
-        return Offer(negotiation, api=self._api, on_change=self._invalidate)
+        return Offer(negotiation, api=self._api, on_change=self.invalidate)
 
     def negotiations(
         self,
@@ -237,8 +240,8 @@ class Job:
 
     async def open_offers(self) -> list[Offer]:
         """Negotiations of this job still waiting for our answer (e.g. left open by a crashed run)."""
-        self._invalidate()  # the caller is about to answer them, which may change the job
+        self.invalidate()  # the caller is about to answer them, which may change the job
         return [
-            Offer(n, api=self._api, on_change=self._invalidate)
+            Offer(n, api=self._api, on_change=self.invalidate)
             async for n in self.negotiations(state=NegotiationState.OFFERED)
         ]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harmonaize.events import CloudEvent, EventData, EventError, parse_event
+from harmonaize.events.kinds import EventKind
 from harmonaize.tracing import child_traceparent
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.controller import Controller
@@ -39,9 +40,14 @@ from tenant_controllers.job import Job
 from tenant_controllers.sources import Delivery, EventSource, Subscription
 from tenant_controllers.store import HandledStore, Status
 
-__all__ = ["ControllerRuntime", "RuntimeStats"]
+__all__ = ["JOB_CHANGING_KINDS", "ControllerRuntime", "RuntimeStats"]
 
 _log = logging.getLogger("tenant_controllers.runtime")
+
+JOB_CHANGING_KINDS = frozenset({EventKind.NEGOTIATION, EventKind.JOB, EventKind.FAILURE})
+"""Events that say the job's record at the provider changed or is about to (agreed workers or plan, a restart at a
+new shape, a host lost: re-placement): their handlers get the job re-read first. They are rare; the frequent kinds
+(congestion, carbon, topology, capacity) get a view at most `job_max_age` old without waiting for the provider."""
 
 _STOP = object()
 _RESYNC = object()
@@ -92,7 +98,7 @@ class ControllerRuntime:
         heartbeat_interval: float = 5.0,
         drain_timeout: float = 30.0,
         max_in_flight: int = 64,
-        job_max_age: float = 1.0,
+        job_max_age: float = 5.0,
     ) -> None:
         self.controller = controller
         self.source = source
@@ -105,7 +111,8 @@ class ControllerRuntime:
         self.drain_timeout = drain_timeout
         self.max_in_flight = max_in_flight
         self.job_max_age = job_max_age
-        """How old a handler's view of its job may be (seconds); a negotiation by this controller resets it."""
+        """How old a handler's view of its job may be (seconds), unless a negotiation by this controller or an event of
+        `JOB_CHANGING_KINDS` made it re-read sooner."""
         self.stats = RuntimeStats()
         self.ready = asyncio.Event()
         """Set once the durable consumer is open and events are being pulled."""
@@ -295,6 +302,8 @@ class ControllerRuntime:
             await delivery.ack()
             return
         newest = self._observe(envelope, delivery.data)
+        if envelope.data.KIND in JOB_CHANGING_KINDS:
+            job.invalidate()
         for handler in pending:
             if not handler.matches(envelope.data):
                 continue

@@ -171,3 +171,38 @@ async def test_a_handlers_job_view_is_reread_only_when_stale_or_after_our_own_ne
         await eventually(lambda: len(seen) == 5, what="the event after our negotiation")
     assert job_reads() == 2, "our own negotiation made the next handler re-read the job"
     assert seen == [2, 2, 2, 2, 3]
+
+
+async def test_an_event_that_says_the_job_changed_has_its_handlers_see_the_job_re_read(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore, provider: FakeProvider
+) -> None:
+    """The bounded-age view is a safety net: a job that restarted at a new shape (or a negotiation's outcome, or a lost
+    host) is re-read before the handlers of that event, whatever `job_max_age` says; frequent kinds are not."""
+    from harmonaize.events import JobUpdate, make_event
+    from harmonaize.jobs import ParallelPlan
+    from tests.controllers.support import T0
+
+    ctl = Controller(tenant="acme", job="llm-finetune")
+    seen: list[tuple[str, int]] = []
+
+    @ctl.on(CarbonIntensity)
+    async def on_carbon(job: Job) -> None:
+        seen.append(("carbon", job.workers))
+
+    @ctl.on(JobUpdate)
+    async def on_job(event: JobUpdate, job: Job) -> None:
+        seen.append(("job", job.workers))
+
+    restarted = make_event(JobUpdate(epoch=2, world_size=3, parallel_plan=ParallelPlan.DDP, step=40, at=T0),
+                           source="/hz/provider/jobs", subject="llm-finetune", time=T0)
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store, job_max_age=3600.0):
+        bus.publish(carbon(100))
+        await eventually(lambda: len(seen) == 1, what="the first event")
+        provider.jobs["llm-finetune"]["desired_workers"] = 3  # the job grew; the next two events come after
+        bus.publish(carbon(110))
+        await eventually(lambda: len(seen) == 2, what="a frequent event")
+        bus.publish(restarted)
+        await eventually(lambda: len(seen) == 3, what="the job's restart")
+        bus.publish(carbon(120))
+        await eventually(lambda: len(seen) == 4, what="the event after it")
+    assert seen == [("carbon", 2), ("carbon", 2), ("job", 3), ("carbon", 3)]

@@ -114,7 +114,7 @@ async def test_a_background_read_started_before_our_negotiation_is_discarded(api
     clock.now += 1.5
     await job.ensure_fresh(1.0)  # background read #2 starts, answering workers=2
     await until(lambda: api.reads == 2, "background read")
-    job._invalidate()  # what job.negotiate() and offer.accept() do before their requests
+    job.invalidate()  # what job.negotiate() and offer.accept() do before their requests
     api.workers = 3  # the negotiation's effect at the provider
     api.release()  # read #2 lands now, with the pre-negotiation answer
     await until(lambda: job._background is not None and job._background.done(), "background read done")
