@@ -12,6 +12,7 @@ which `type` a model travels under: `io.harmonaize.<kind>.v<version>`.
 from __future__ import annotations
 
 import re
+import functools
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -62,4 +63,10 @@ class EventData(ContractModel):
     @classmethod
     def event_type(cls) -> str:
         """The CloudEvents `type` this payload travels under."""
-        return event_type_name(cls.KIND, cls.VERSION)
+        return _event_type_of(cls)
+
+
+@functools.cache
+def _event_type_of(model: type[EventData]) -> str:
+    """Built once per model: it is asked for several times per event made or decoded (~2 us each time)."""
+    return event_type_name(model.KIND, model.VERSION)
