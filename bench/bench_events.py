@@ -26,9 +26,9 @@ Processes (2 cores, loopback only):
 
 Targets:
 
-* ours (SDK + API)   the controller exactly as `harmonaize controller run` builds it: the handler's job view is
-                     kept at most `job_max_age` (5 s) old by `GET /v1/jobs/{id}` on the real API, read in the
-                     background while events flow.
+* ours (SDK + API)   the controller exactly as `harmonaize controller run` builds it; its handler takes the job
+                     (the runtime reads it only for handlers that do), whose view is kept at most `job_max_age`
+                     (5 s) old by `GET /v1/jobs/{id}` on the real API, read in the background while events flow.
 * ours (job cached)  the same runtime, source, store and handler, but `ProviderApi.get_job` answers from memory (a
                      subclass in this file): the SDK's event path without that REST round trip, to attribute costs.
 * raw                nats-py only, same stream and consumer configuration, same payload bytes.
@@ -530,7 +530,7 @@ class OursTarget:
 async def start_ours(key: str, job: str, *, nats_url: str, seed: str, api_real: Any, api_for_jobs: Any,
                      workdir: Path) -> OursTarget:
     from harmonaize.events import CloudEvent, Congestion
-    from tenant_controllers import Controller
+    from tenant_controllers import Controller, Job
     from tenant_controllers.runtime import ControllerRuntime
     from tenant_controllers.store import HandledStore
 
@@ -539,7 +539,10 @@ async def start_ours(key: str, job: str, *, nats_url: str, seed: str, api_real: 
     ctl = Controller(tenant=TENANT, job=job, name=f"bench-{key.replace('_', '-')}")
 
     @ctl.on(Congestion, id="on_congestion")
-    async def on_congestion(event: Congestion, envelope: CloudEvent[Congestion]) -> None:
+    async def on_congestion(event: Congestion, envelope: CloudEvent[Congestion], job: Job) -> None:
+        # Takes the job, as a controller deciding anything does (the runtime reads it only for handlers that can).
+        if job.workers < 0:
+            raise AssertionError("unreachable: a job view was read")
         stamps = source.stamps.pop(envelope.id, None)
         recorder.hit(envelope.extensions.get(PHASE_EXTENSION), envelope.time.timestamp(), stamps)
 

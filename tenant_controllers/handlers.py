@@ -89,6 +89,10 @@ class Binder:
             self._plan.append((parameter.name, what, keyword_only))
         self._allowed = allowed
 
+    def takes(self, what: str) -> bool:
+        """Whether a call passes `what` (the runtime reads the job only for handlers that can see it)."""
+        return self._var_keyword or any(taken == what for _, taken, _ in self._plan)
+
     def arguments(self, available: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         args: list[Any] = []
         kwargs: dict[str, Any] = {}

@@ -336,7 +336,8 @@ class ControllerRuntime:
     async def _attempt(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job, number: int) -> Any:
         trace = child_traceparent(envelope.traceparent) if envelope.traceparent else None
         with invocation(HandlerInvocation(self.controller.name, envelope.id, handler.id, number, traceparent=trace)):
-            await job.ensure_fresh(self.job_max_age)
+            if handler.binder.takes("job"):  # a handler that cannot see the job does not wait for, or cause, a read
+                await job.ensure_fresh(self.job_max_age)
             args, kwargs = handler.binder.arguments(
                 {"payload": envelope.data, "job": job, "envelope": envelope, "logger": self._handler_log}
             )

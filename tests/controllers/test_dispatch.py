@@ -206,3 +206,35 @@ async def test_an_event_that_says_the_job_changed_has_its_handlers_see_the_job_r
         bus.publish(carbon(120))
         await eventually(lambda: len(seen) == 4, what="the event after it")
     assert seen == [("carbon", 2), ("carbon", 2), ("job", 3), ("carbon", 3)]
+
+
+async def test_a_handler_that_does_not_take_the_job_never_has_it_read(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore, provider: FakeProvider
+) -> None:
+    """Reading the job is for handlers that see it: one that takes only the event costs the provider nothing."""
+    ctl = Controller(tenant="acme", job="llm-finetune")
+    blind: list[float] = []
+    sighted: list[int] = []
+
+    @ctl.on(CarbonIntensity)
+    async def on_carbon(event: CarbonIntensity) -> None:
+        blind.append(event.g_per_kwh)
+
+    def job_reads() -> int:
+        return sum(1 for r in provider.requests if r.method == "GET" and r.url.path == "/v1/jobs/llm-finetune")
+
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store, job_max_age=0.0):
+        for intensity in (100, 110, 120):
+            bus.publish(carbon(intensity))
+        await eventually(lambda: len(blind) == 3, what="three events handled")
+    assert job_reads() == 0
+
+    sighted_ctl = Controller(tenant="acme", job="llm-finetune", name="sighted")
+
+    @sighted_ctl.on(CarbonIntensity)
+    async def on_carbon_with_job(job: Job) -> None:
+        sighted.append(job.workers)
+
+    async with running(sighted_ctl, source=MemoryEventSource(bus), api=api, store=store, job_max_age=0.0):
+        await eventually(lambda: len(sighted) == 3, what="the same events, handled with the job")
+    assert job_reads() == 3 and sighted == [2, 2, 2]
