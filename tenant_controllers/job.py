@@ -5,9 +5,12 @@ old event. The runtime re-reads it at every resync, as soon as the controller it
 may change the job), and before the handlers of an event that says the job changed (a negotiation's outcome, the job
 restarting at a new shape, a failure of a host it ran on: see `runtime.JOB_CHANGING_KINDS`). Between those, a
 handler's view is kept at most `max_age` old (five seconds by default: a safety net for changes no event announced,
-at one read per job per `max_age` while events flow) without making handlers wait for the provider: once the copy is older than that, the next handler still gets it and a
-background read replaces it (stale-while-revalidate); only a copy older than twice the bound (the job was quiet), or
-none at all, is re-read before the handler runs. Reading before *every* event made one REST round trip the ceiling of
+at one read per job per `max_age` while events flow; it was one second, and those reads cost the provider's API
+5-10 ms of CPU each) without making handlers wait for the provider: once the copy is older than that, the next
+handler still gets it and a background read replaces it (stale-while-revalidate); only a copy older than twice the
+bound (the job was quiet), or none at all, is re-read before the handler runs. Only handlers that take the job (a
+`job` parameter, or `**kwargs`) cause reads: a handler that keeps a `Job` some other way (a closure over one a resync
+handler was given) sees whatever that copy last was. Reading before *every* event made one REST round trip the ceiling of
 a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
 (both in bench/bench_events.py). A background read is applied at the next `ensure_fresh` (before a handler), never
 while a handler runs, so one handler sees one view; a read that started before our own negotiation (or an answer to

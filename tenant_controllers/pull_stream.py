@@ -209,35 +209,34 @@ class _Signal:
 
     def __init__(self) -> None:
         self._set = False
-        self._waiters: set[asyncio.Future[None]] = set()
+        self._waiters: set[asyncio.Future[bool]] = set()
 
     def set(self) -> None:
         self._set = True
         for waiter in self._waiters:
-            _wake(waiter)
+            _resolve(waiter, True)
 
     def clear(self) -> None:
         self._set = False
 
     async def wait(self, timeout: float) -> bool:
-        """True once set, False if `timeout` seconds passed first."""
+        """True once set (even if cleared again before this waiter resumed), False if `timeout` seconds passed first."""
         if self._set:
             return True
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_later(timeout, _wake, waiter)
+        waiter: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, waiter, False)
         self._waiters.add(waiter)
         try:
-            await waiter
+            return await waiter
         finally:
             timer.cancel()
             self._waiters.discard(waiter)
-        return self._set
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
+def _resolve(waiter: asyncio.Future[bool], value: bool) -> None:
     if not waiter.done():
-        waiter.set_result(None)
+        waiter.set_result(value)
 
 
 def _pending_of(msg: Msg) -> int | None:

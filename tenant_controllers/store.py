@@ -22,11 +22,14 @@ own short transaction, so the loop's next write waits at most for one chunk.
 
 The layout is chosen for the write per event, the store's main cost (bench/bench_events.py): both tables are
 `WITHOUT ROWID` (one B-tree each, no separate primary-key index), `handled` has no index on `at` (only pruning reads
-it, in the background), and whether an event is the newest of its type is decided from memory. The newest event is
-written in the same transaction as its first handler's record (or by `flush`, before the ack, if no handler
-records): an event costs one primary-key read and one commit. Deferring that write loses nothing: until the event is
-acked the broker redelivers it, and observing it again decides the same. Files written by the first layout
-(`user_version` 0) are migrated when opened.
+it, in the background), and whether an event is the newest of its type is decided from memory. A newest event is
+staged, and written with the next commit of this store: the next `record` (its own handler's, usually; with several
+jobs' lanes running, possibly another event's) or the `flush` the runtime calls before acking an event no handler
+recorded. So an event costs one primary-key read and one commit, and none is acked before its observation is in the
+file. Deferring the write loses nothing: until the event is acked the broker redelivers it, and observing it again
+decides the same. A commit that fails keeps what was staged for the next one, so while the file cannot be written
+(a full disk), every event fails and is handed back rather than any being acked unrecorded. Files written by the
+first layout (`user_version` 0) are migrated when opened.
 """
 
 from __future__ import annotations
@@ -165,13 +168,16 @@ class HandledStore:
             self._maintenance.start()
 
     def close(self) -> None:
-        self.flush()
-        if self._maintenance is not None:
-            self._stop.set()
-            self._maintenance.join()
-            self._maintenance = None
-            self._checkpoint(self._db)
-        self._db.close()
+        """Write what is staged, stop the maintenance thread, close; the file is closed even if the write fails."""
+        try:
+            self.flush()
+        finally:
+            if self._maintenance is not None:
+                self._stop.set()
+                self._maintenance.join()
+                self._maintenance = None
+                self._checkpoint(self._db)
+            self._db.close()
 
     def __enter__(self) -> HandledStore:
         return self
@@ -263,7 +269,8 @@ class HandledStore:
             write()
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled back already (I/O error, full disk): keep its error
+                self._db.execute("ROLLBACK")
             raise
         self._unwritten.clear()
 
@@ -316,7 +323,8 @@ class HandledStore:
             db.executemany("DELETE FROM handled WHERE controller = ? AND event_id = ? AND handler = ?", keys)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         return len(keys)
 

@@ -11,8 +11,8 @@ which `type` a model travels under: `io.harmonaize.<kind>.v<version>`.
 
 from __future__ import annotations
 
-import re
 import functools
+import re
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -63,10 +63,10 @@ class EventData(ContractModel):
     @classmethod
     def event_type(cls) -> str:
         """The CloudEvents `type` this payload travels under."""
-        return _event_type_of(cls)
+        return _type_name_of(cls)
 
 
 @functools.cache
-def _event_type_of(model: type[EventData]) -> str:
+def _type_name_of(model: type[EventData]) -> str:
     """Built once per model: it is asked for several times per event made or decoded (~2 us each time)."""
     return event_type_name(model.KIND, model.VERSION)

@@ -167,12 +167,12 @@ class CloudEvent(BaseModel, Generic[DataT]):
         return {name for name in ("dataschema", "traceparent", "tracestate") if getattr(self, name) is None}
 
 
-
 @functools.cache
-def envelope_class(model: type[DataT]) -> type[CloudEvent[DataT]]:
+def _envelope_class(model: type[DataT]) -> type[CloudEvent[DataT]]:
     """`CloudEvent[model]`, looked up once per model: pydantic's own cache of parametrised generics computes its key on
     every subscription (~4 us), once per event made or decoded."""
     return CloudEvent[model]  # type: ignore[valid-type]
+
 
 _CORE_ATTRIBUTES = frozenset(CloudEvent.model_fields)
 """The envelope's own attribute names (a class attribute lookup on the model costs ~1 us, once per attribute of every
@@ -230,7 +230,7 @@ def make_event(
         if name in _CORE_ATTRIBUTES:
             raise InvalidEventError(data.event_type(), [(name, "is a core attribute, not an extension")])
         attributes[name] = value
-    envelope = envelope_class(type(data))
+    envelope = _envelope_class(type(data))
     try:
         return envelope.model_validate(attributes)  # type: ignore[no-any-return]
     except ValidationError as exc:
@@ -296,7 +296,7 @@ def _event_type_of(attributes: Mapping[str, Any]) -> object:
 
 
 def _validate(attributes: Mapping[str, Any], model: type[DataT]) -> CloudEvent[DataT]:
-    envelope = envelope_class(model)
+    envelope = _envelope_class(model)
     try:
         return envelope.model_validate(attributes)  # type: ignore[no-any-return]
     except ValidationError as exc:

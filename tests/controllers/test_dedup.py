@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from datetime import timedelta
 from pathlib import Path
+
+import pytest
 
 from harmonaize.events import CarbonIntensity, Failure
 from tenant_controllers import Controller, Job, TemporaryError
@@ -164,8 +167,6 @@ async def test_latest_observations_survive_a_restart(bus: MemoryBroker, api: Pro
 
 def _written_latest(path: Path) -> list[str]:
     """What another reader of the file (a restarted controller) would find as newest observations."""
-    import sqlite3
-
     db = sqlite3.connect(path)
     try:
         return [row[0] for row in db.execute("SELECT event_id FROM latest ORDER BY event_id")]
@@ -179,10 +180,11 @@ def test_an_observation_is_committed_with_its_handlers_record_and_kept_if_that_c
     path = tmp_path / "handled.sqlite3"
     first, second = carbon(100, at=T0), carbon(200, at=T0 + timedelta(minutes=1))
     with HandledStore(path) as store:
-        store._db.execute(  # a real failing commit: the handler name 'refused' is rejected by the file itself
-            "CREATE TRIGGER refuse BEFORE INSERT ON handled WHEN NEW.handler = 'refused' "
-            "BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
-        )
+        db = sqlite3.connect(path)  # a real failing commit: the file itself rejects the handler name 'refused'
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON handled WHEN NEW.handler = 'refused' "
+                   "BEGIN SELECT RAISE(ABORT, 'refused by test'); END")
+        db.commit()
+        db.close()
         assert store.observe("c", "llm-finetune", first.type, time_=first.time, event_id=first.id, event="one")
         assert _written_latest(path) == [], "observed, not yet written"
         assert store.latest("c") == {("llm-finetune", first.type): "one"}, "but this process already knows it"
@@ -190,10 +192,6 @@ def test_an_observation_is_committed_with_its_handlers_record_and_kept_if_that_c
         assert _written_latest(path) == [first.id]
 
         assert store.observe("c", "llm-finetune", second.type, time_=second.time, event_id=second.id, event="two")
-        import sqlite3
-
-        import pytest
-
         with pytest.raises(sqlite3.IntegrityError, match="refused by test"):
             store.record("c", second.id, "refused", status=Status.DONE)
         assert _written_latest(path) == [first.id], "the failed commit wrote nothing"

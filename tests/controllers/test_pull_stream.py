@@ -194,5 +194,12 @@ async def test_the_wake_up_signal_times_out_is_kept_once_set_and_wakes_every_wai
     waiters = [asyncio.create_task(signal.wait(5)) for _ in range(2)]
     await eventually(lambda: len(signal._waiters) == 2, timeout=1, what="both waiting")
     signal.set()
+    signal.clear()  # before the waiters resume: they were woken all the same
     async with asyncio.timeout(1):
         assert await asyncio.gather(*waiters) == [True, True]
+    cancelled = asyncio.create_task(signal.wait(5))
+    await eventually(lambda: len(signal._waiters) == 1, timeout=1, what="a waiter")
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert signal._waiters == set(), "a cancelled wait leaves nothing behind"
