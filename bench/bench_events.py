@@ -14,9 +14,11 @@ Processes (2 cores, loopback only):
 * fleet       a subprocess playing `--hosts` agents (default 100), one JetStreamPublisher and one provider
               connection each (like 100 agent processes, but in one Python process). It makes the events
               (`make_event(Congestion(...))`, ~390 B of JSON) and publishes them; the raw baseline's hosts publish
-              the same bytes with `await js.publish` on their own connections to the plain server.
+              the same bytes with `await js.publish` on their own connections to the plain server. Once
+              connected it freezes its start-up heap (`harmonaize.heap`), as `harmonaize agent` does.
 * this one    the consumers: two ControllerRuntimes on our broker (see targets) and a raw pull consumer per plain
-              server (`fetch(batch)` + `ack()`, nothing else), each timing when an event reaches its handler.
+              server (`fetch(batch)` + `ack()`, nothing else), each timing when an event reaches its handler; its
+              start-up heap is frozen too, as `harmonaize controller run` does.
 * api         the real control plane (`api.app.create_app` with a real `NatsTenantBroker`) under uvicorn: creates the
               tenant account and the consumers, and answers the runtime's `GET /v1/jobs/{id}`.
 * nats        ours (`broker_config.server.NatsServer`, rendered accounts) and a plain single-account server with
@@ -338,6 +340,9 @@ async def fleet_main(args: argparse.Namespace) -> int:
     fleet = Fleet(args)
     try:
         await fleet.connect()
+        from harmonaize.heap import freeze_startup_heap
+
+        freeze_startup_heap()  # as each `harmonaize agent` does once started (the raw hosts live here too)
         print(json.dumps({"ready": True}), flush=True)
         while True:
             line = await asyncio.to_thread(sys.stdin.readline)
@@ -766,6 +771,9 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
             fleet_argv += ["--nosync-url", nosync.url]
         fleet = FleetProcess(fleet_argv, workdir / "fleet.log")
         await fleet.start()
+        from harmonaize.heap import freeze_startup_heap
+
+        freeze_startup_heap()  # as `harmonaize controller run` does (this process also holds the raw consumers)
         b.pids = {"fleet": fleet.pid, "api": api.proc.pid if api.proc else None,
                   "nats": ours_server.pid, "nats_plain": plain._proc.pid if plain._proc else None}
         targets: dict[str, Any] = {t.key: t for t in [*ours, *raws]}

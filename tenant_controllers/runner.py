@@ -25,6 +25,7 @@ from types import ModuleType
 
 from pydantic import ValidationError
 
+from harmonaize.heap import freeze_startup_heap
 from harmonaize.settings import Settings
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.controller import Controller
@@ -230,6 +231,7 @@ async def _serve(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    freeze_startup_heap()  # this process is ours: full GC passes over the start-up heap would stall events in flight
     try:
         await run_controllers(
             controllers,
