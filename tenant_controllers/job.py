@@ -7,8 +7,9 @@ restarting at a new shape, a failure of a host it ran on: see `runtime.JOB_CHANG
 handler's view is kept at most `max_age` old (five seconds by default: a safety net for changes no event announced,
 at one read per job per `max_age` while events flow; it was one second, and those reads cost the provider's API
 5-10 ms of CPU each) without making handlers wait for the provider: once the copy is older than that, the next
-handler still gets it and a background read replaces it (stale-while-revalidate); only a copy older than twice the
-bound (the job was quiet), or none at all, is re-read before the handler runs. Only handlers that take the job (a
+handler still gets it and a background read replaces it (stale-while-revalidate); only a copy older than the
+runtime's `job_stale_limit` (a minute: the job was quiet that long), or none at all, is re-read before the handler
+runs, since every event queued behind that handler waits for the read too (10-15 ms against the real API). Only handlers that take the job (a
 `job` parameter, or `**kwargs`) cause reads: a handler that keeps a `Job` some other way (a closure over one a resync
 handler was given) sees whatever that copy last was. Reading before *every* event made one REST round trip the ceiling of
 a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
@@ -89,13 +90,14 @@ class Job:
         if generation == self._generation and (self._fetched_at is None or started >= self._fetched_at):
             self._snapshot, self._fetched_at = snapshot, started
 
-    async def ensure_fresh(self, max_age: float) -> Job:
-        """Make the view at most `max_age` seconds old, waiting for the provider only when it must (see above)."""
+    async def ensure_fresh(self, max_age: float, *, stale_limit: float | None = None) -> Job:
+        """Make the view at most `max_age` seconds old, waiting for the provider only when it must (see above): when
+        there is no view, or it is older than `stale_limit` (default twice `max_age`)."""
         staged, self._staged = self._staged, None
         if staged is not None:
             self._apply(*staged)
         age = None if self._fetched_at is None else self._clock() - self._fetched_at
-        if age is None or age >= 2 * max_age:
+        if age is None or age >= (2 * max_age if stale_limit is None else stale_limit):
             await self.refresh()
         elif age >= max_age and (self._background is None or self._background.done()):
             self._background = asyncio.create_task(self._refresh_quietly(), name=f"hz-job-refresh-{self.id}")

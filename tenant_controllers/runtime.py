@@ -102,6 +102,7 @@ class ControllerRuntime:
         drain_timeout: float = 30.0,
         max_in_flight: int = 64,
         job_max_age: float = 5.0,
+        job_stale_limit: float = 60.0,
     ) -> None:
         self.controller = controller
         self.source = source
@@ -116,6 +117,8 @@ class ControllerRuntime:
         self.job_max_age = job_max_age
         """How old a handler's view of its job may be (seconds), unless a negotiation by this controller or an event of
         `JOB_CHANGING_KINDS` made it re-read sooner."""
+        self.job_stale_limit = max(job_stale_limit, job_max_age)
+        """A view older than this (the job was quiet) is re-read before the handler instead of in the background."""
         self.stats = RuntimeStats()
         self.ready = asyncio.Event()
         """Set once the durable consumer is open and events are being pulled."""
@@ -340,7 +343,7 @@ class ControllerRuntime:
         trace = child_traceparent(envelope.traceparent) if envelope.traceparent else None
         with invocation(HandlerInvocation(self.controller.name, envelope.id, handler.id, number, traceparent=trace)):
             if handler.binder.takes("job"):  # a handler that cannot see the job does not wait for, or cause, a read
-                await job.ensure_fresh(self.job_max_age)
+                await job.ensure_fresh(self.job_max_age, stale_limit=self.job_stale_limit)
             args, kwargs = handler.binder.arguments(
                 {"payload": envelope.data, "job": job, "envelope": envelope, "logger": self._handler_log}
             )

@@ -223,7 +223,8 @@ async def test_a_handler_that_does_not_take_the_job_never_has_it_read(
     def job_reads() -> int:
         return sum(1 for r in provider.requests if r.method == "GET" and r.url.path == "/v1/jobs/llm-finetune")
 
-    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store, job_max_age=0.0):
+    every_time = {"job_max_age": 0.0, "job_stale_limit": 0.0}  # a read before each handler that takes the job
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store, **every_time):
         for intensity in (100, 110, 120):
             bus.publish(carbon(intensity))
         await eventually(lambda: len(blind) == 3, what="three events handled")
@@ -235,6 +236,6 @@ async def test_a_handler_that_does_not_take_the_job_never_has_it_read(
     async def on_carbon_with_job(job: Job) -> None:
         sighted.append(job.workers)
 
-    async with running(sighted_ctl, source=MemoryEventSource(bus), api=api, store=store, job_max_age=0.0):
+    async with running(sighted_ctl, source=MemoryEventSource(bus), api=api, store=store, **every_time):
         await eventually(lambda: len(sighted) == 3, what="the same events, handled with the job")
     assert job_reads() == 3 and sighted == [2, 2, 2]

@@ -109,6 +109,28 @@ async def test_a_view_older_than_twice_max_age_is_reread_before_the_handler(api:
     await job.aclose()
 
 
+async def test_up_to_the_stale_limit_a_quiet_jobs_view_is_served_while_it_is_reread(api: GatedApi, clock: Clock) -> None:
+    """The runtime's limit (a minute) is wider than twice max_age: after a quiet spell, the events that wake the
+    controller do not all queue behind a blocking read; past the limit they do."""
+    job = await loaded(api, clock)
+    api.workers = 4
+    clock.now += 30
+    await asyncio.wait_for(job.ensure_fresh(1.0, stale_limit=60.0), timeout=1)  # served while the read is held
+    assert job.workers == 2
+    await until(lambda: api.reads == 2, "the background read")
+    api.release()
+    await until(lambda: job._staged is not None, "the read staged")
+    await job.ensure_fresh(1.0, stale_limit=60.0)
+    assert job.workers == 4
+    clock.now += 61
+    waiting = asyncio.create_task(job.ensure_fresh(1.0, stale_limit=60.0))
+    await until(lambda: api.reads == 3, "third read")
+    assert not waiting.done(), "past the limit the handler waits for the read"
+    api.release()
+    await waiting
+    await job.aclose()
+
+
 async def test_a_background_read_started_before_our_negotiation_is_discarded(api: GatedApi, clock: Clock) -> None:
     job = await loaded(api, clock)
     clock.now += 1.5
