@@ -47,7 +47,8 @@ not spill into the next one. Phases, per round, every target back to back in a r
      counting as infinitely late (so a target that cannot keep up shows it instead of reporting only its survivors).
 
 Run from the repository root: `python bench/bench_events.py` (~90 s), `--quick` (~25 s, no warm-up, no
-no-sync server), `--help` for sizes.
+no-sync server), `--help` for sizes. `--late-ms 8` also lists every event later than 8 ms with its stages (stderr): a
+stall shows as a burst of such lines sharing one stage (how the blocking job read after a pause was found).
 No timed assertions: it prints figures. Every loop is bounded in count and in time; only loopback addresses.
 """
 
@@ -70,7 +71,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from _benchutil import (
     Deadline,
@@ -425,6 +426,7 @@ class Recorder:
     stages: list[tuple[float, float, float]] = field(default_factory=list)  # publish->stored, ->fetched, ->handler
     stale: int = 0
     last: float = 0.0  # monotonic time of the last handler call, any phase
+    late_s: ClassVar[float | None] = None  # --late-ms: report events later than this, with their stages
 
     def begin(self, phase: int) -> None:
         self.phase = phase
@@ -441,6 +443,13 @@ class Recorder:
         if stamps is not None:
             stored, fetched = stamps
             self.stages.append((stored - at, fetched - stored, now - fetched))
+        if self.late_s is not None and now - at > self.late_s:
+            made_stored, stored_fetched, fetched_handler = (
+                (stamps[0] - at, stamps[1] - stamps[0], now - stamps[1]) if stamps is not None else (math.nan,) * 3
+            )
+            print(f"late {self.key} phase {self.phase} at {at:.3f}: {(now - at) * 1e3:.1f} ms = made->stored "
+                  f"{made_stored * 1e3:.1f} + stored->fetched {stored_fetched * 1e3:.1f} + fetched->handler "
+                  f"{fetched_handler * 1e3:.1f}", file=sys.stderr)
 
 
 def _event_id(data: bytes) -> str | None:
@@ -1045,6 +1054,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dir", type=Path, help="parent of the temp dir (stores, logs); fsync cost depends on it")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH ('-': stdout, no table)")
+    ap.add_argument("--late-ms", type=float, metavar="MS",
+                    help="print every event handled later than MS after it was made, with its stages, to stderr "
+                         "(what sets the tail: a stall shows as a burst of lines with one stage in common)")
     ap.add_argument("--serve-api", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--fleet", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -1089,6 +1101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    Recorder.late_s = args.late_ms / 1e3 if args.late_ms is not None else None
     if args.serve_api:
         return serve_api(args)
     if args.fleet:
