@@ -34,11 +34,13 @@ first layout (`user_version` 0) are migrated when opened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -251,27 +253,21 @@ class HandledStore:
         if not self._unwritten:
             self._db.execute(_RECORD, row)
         else:
-            self._in_transaction(lambda: self._db.execute(_RECORD, row))
+            self._commit_with_unwritten([row])
         self._writes += 1
         self._maybe_prune_inline()
 
     def flush(self) -> None:
         """Commit the newest observations not yet written (call before acking an event no handler recorded)."""
         if self._unwritten:
-            self._in_transaction(lambda: None)
+            self._commit_with_unwritten([])
 
-    def _in_transaction(self, write: Any) -> None:
-        """Run `write` and the unwritten observations as one commit; they stay unwritten if it fails."""
+    def _commit_with_unwritten(self, records: list[tuple[Any, ...]]) -> None:
+        """`records` and the unwritten observations as one commit; the observations stay unwritten if it fails."""
         pending = [(*key, *value) for key, value in self._unwritten.items()]
-        self._db.execute("BEGIN")
-        try:
+        with _transaction(self._db):
             self._db.executemany(_OBSERVE, pending)
-            write()
-            self._db.execute("COMMIT")
-        except BaseException:
-            if self._db.in_transaction:  # SQLite may have rolled back already (I/O error, full disk): keep its error
-                self._db.execute("ROLLBACK")
-            raise
+            self._db.executemany(_RECORD, records)
         self._unwritten.clear()
 
     def records(self, controller: str | None = None) -> list[HandledRecord]:
@@ -318,14 +314,8 @@ class HandledStore:
     def _delete_keys(db: sqlite3.Connection, keys: list[tuple[str, str, str]]) -> int:
         if not keys:
             return 0
-        db.execute("BEGIN")
-        try:
+        with _transaction(db):
             db.executemany("DELETE FROM handled WHERE controller = ? AND event_id = ? AND handler = ?", keys)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
         return len(keys)
 
     # -- newest observations -----------------------------------------------------------------------------------------
@@ -365,3 +355,17 @@ class HandledStore:
             if owner == controller:
                 found[(job, event_type)] = event
         return found
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN ... COMMIT, rolled back on any error (unless SQLite already did: an I/O error, a full disk), whose own
+    error is then the one raised."""
+    db.execute("BEGIN")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
