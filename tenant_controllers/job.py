@@ -15,7 +15,9 @@ handler was given) sees whatever that copy last was. Reading before *every* even
 a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
 (both in bench/bench_events.py). A background read is applied at the next `ensure_fresh` (before a handler), never
 while a handler runs, so one handler sees one view; a read that started before our own negotiation (or an answer to
-one of its offers) is discarded, so no handler sees the job as it was before that. What the controller has
+one of its offers) is discarded, so no handler sees the job as it was before that. The runtime starts the first
+read when it starts (`prefetch`), and a handler that must wait joins a read already under way for the current view
+instead of starting its own: the first event after start-up waited a whole round trip otherwise. What the controller has
 *observed* about the job is there too: `job.latest(CarbonIntensity)` is the newest carbon event seen for this job (by
 CloudEvent time, so late or reordered deliveries never roll it back), and it survives restarts.
 
@@ -68,6 +70,7 @@ class Job:
         self._fetched_at: float | None = clock() if snapshot is not None else None
         self._generation = 0  # bumped by our own negotiations: reads started before one are discarded
         self._background: asyncio.Task[None] | None = None
+        self._background_generation = 0  # the generation the background read started in (joined only if current)
         self._staged: tuple[int, float, dict[str, Any]] | None = None  # a background read, applied before a handler
         self.memo: dict[str, Any] = {}
         """Scratch space that lives as long as the controller process (not persisted)."""
@@ -93,15 +96,47 @@ class Job:
     async def ensure_fresh(self, max_age: float, *, stale_limit: float | None = None) -> Job:
         """Make the view at most `max_age` seconds old, waiting for the provider only when it must (see above): when
         there is no view, or it is older than `stale_limit` (default twice `max_age`)."""
+        limit = 2 * max_age if stale_limit is None else stale_limit
+        self._apply_staged()
+        age = self._age()
+        if age is None or age >= limit:
+            if await self._join_background():  # a read of the current view is under way: its answer will do
+                self._apply_staged()
+                age = self._age()
+            if age is None or age >= limit:
+                await self.refresh()
+        elif age >= max_age:
+            self._start_background()
+        return self
+
+    def prefetch(self) -> None:
+        """Start reading the job in the background if there is no view yet (the runtime does at start-up): the first
+        handler then finds it loaded, or joins the read, instead of waiting a full round trip with every other event of
+        the job queued behind it."""
+        if self._fetched_at is None and self._staged is None:
+            self._start_background()
+
+    def _age(self) -> float | None:
+        return None if self._fetched_at is None else self._clock() - self._fetched_at
+
+    def _apply_staged(self) -> None:
         staged, self._staged = self._staged, None
         if staged is not None:
             self._apply(*staged)
-        age = None if self._fetched_at is None else self._clock() - self._fetched_at
-        if age is None or age >= (2 * max_age if stale_limit is None else stale_limit):
-            await self.refresh()
-        elif age >= max_age and (self._background is None or self._background.done()):
+
+    def _start_background(self) -> None:
+        if self._background is None or self._background.done():
+            self._background_generation = self._generation
             self._background = asyncio.create_task(self._refresh_quietly(), name=f"hz-job-refresh-{self.id}")
-        return self
+
+    async def _join_background(self) -> bool:
+        """Wait for a background read in flight that started after our last change (one that predates it would be
+        discarded anyway); False when there is none. Shielded: a cancelled handler does not cancel the read."""
+        task = self._background
+        if task is None or task.done() or self._background_generation != self._generation:
+            return False
+        await asyncio.shield(task)
+        return True
 
     async def _refresh_quietly(self) -> None:
         generation, started = self._generation, self._clock()

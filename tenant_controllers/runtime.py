@@ -148,7 +148,10 @@ class ControllerRuntime:
         self._lanes = {
             job_id: _Lane(job=Job(job_id, api=self.api, latest=self._lookup_latest)) for job_id in self.controller.jobs
         }
+        reads_job = any(handler.binder.takes("job") for handler in self.controller.handlers)
         for lane in self._lanes.values():
+            if reads_job:  # the first event's handler would otherwise wait for this read, and its lane behind it
+                lane.job.prefetch()
             lane.task = asyncio.create_task(self._run_lane(lane), name=f"hz-lane-{lane.job.id}")
         ticker = asyncio.create_task(self._resync_ticker(), name="hz-resync") if self._resyncs_enabled else None
         heartbeat = asyncio.create_task(self._keep_alive(), name="hz-heartbeat")

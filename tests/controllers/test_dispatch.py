@@ -238,4 +238,40 @@ async def test_a_handler_that_does_not_take_the_job_never_has_it_read(
 
     async with running(sighted_ctl, source=MemoryEventSource(bus), api=api, store=store, **every_time):
         await eventually(lambda: len(sighted) == 3, what="the same events, handled with the job")
-    assert job_reads() == 3 and sighted == [2, 2, 2]
+    # the start-up read (prefetch) plus one per handler: with a max age of 0 no view, not even a fresh one, will do
+    assert job_reads() == 1 + 3 and sighted == [2, 2, 2]
+
+
+async def test_the_runtime_reads_the_job_at_start_up_only_for_handlers_that_take_it(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore, provider: FakeProvider
+) -> None:
+    """The first event after start-up found no view and waited a whole round trip, its lane's events behind it; the
+    runtime now starts that read as it starts. A controller whose handlers never see the job still costs nothing."""
+
+    def job_reads() -> int:
+        return sum(1 for r in provider.requests if r.method == "GET" and r.url.path == "/v1/jobs/llm-finetune")
+
+    blind_ctl = Controller(tenant="acme", job="llm-finetune", name="blind")
+
+    @blind_ctl.on(CarbonIntensity)
+    async def on_carbon(event: CarbonIntensity) -> None:
+        pass
+
+    async with running(blind_ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        assert runtime.ready.is_set()
+    assert job_reads() == 0
+
+    sighted_ctl = Controller(tenant="acme", job="llm-finetune", name="sighted")
+    seen: list[int] = []
+
+    @sighted_ctl.on(CarbonIntensity)
+    async def on_carbon_with_job(job: Job) -> None:
+        seen.append(job.workers)
+
+    async with running(sighted_ctl, source=MemoryEventSource(bus), api=api, store=store, job_max_age=3600.0):
+        await eventually(lambda: job_reads() == 1, what="the read started with the runtime, before any event")
+        bus.publish(carbon(100))
+        bus.publish(carbon(110))
+        await eventually(lambda: len(seen) == 2, what="two events handled")
+    assert job_reads() == 1, "the handlers used the start-up read"
+    assert seen == [2, 2]

@@ -158,3 +158,73 @@ async def test_stopping_cancels_a_background_read_in_flight(api: GatedApi, clock
     assert background is not None and not background.done()
     await job.aclose()
     assert background.cancelled()
+
+
+async def test_a_handler_with_no_view_joins_the_start_up_read_instead_of_starting_another(
+    api: GatedApi, clock: Clock
+) -> None:
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    job.prefetch()  # what the runtime does as it starts
+    await until(lambda: api.reads == 1, "the start-up read")
+    job.prefetch()
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    for _ in range(20):  # turns of the loop: the chance to (wrongly) start a second read
+        await asyncio.sleep(0)
+    assert not waiting.done(), "there is no view yet: the handler waits for the read under way"
+    assert api.reads == 1, "one read, joined; prefetch does not start a second one either"
+    api.release()
+    await waiting
+    assert job.workers == 2 and api.reads == 1
+    await job.aclose()
+
+
+async def test_a_failed_start_up_read_leaves_the_handler_to_read_for_itself(clock: Clock) -> None:
+    class FlakyApi:
+        def __init__(self) -> None:
+            self.reads = 0
+
+        async def get_job(self, job_id: str) -> dict[str, Any]:
+            self.reads += 1
+            if self.reads == 1:
+                raise ConnectionError("provider not up yet")
+            return {"id": job_id, "desired_workers": 5, "min_workers": 1, "max_workers": 8, "parallel_plan": "ddp"}
+
+    api = FlakyApi()
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    job.prefetch()
+    await until(lambda: job._background is not None and job._background.done(), "the start-up read failed")
+    await job.ensure_fresh(1.0)
+    assert api.reads == 2 and job.workers == 5
+    await job.aclose()
+
+
+async def test_a_read_under_way_from_before_a_change_is_not_joined(api: GatedApi, clock: Clock) -> None:
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    job.prefetch()
+    await until(lambda: api.reads == 1, "the start-up read")
+    job.invalidate()  # we negotiated while it was in flight: its answer may predate that
+    api.workers = 3
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await until(lambda: api.reads == 2, "a read of its own")
+    api.release()
+    await waiting
+    assert job.workers == 3
+    await job.aclose()
+
+
+async def test_a_cancelled_handler_does_not_cancel_the_read_it_joined(api: GatedApi, clock: Clock) -> None:
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    job.prefetch()
+    await until(lambda: api.reads == 1, "the start-up read")
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await until(lambda: not waiting.done() and job._background is not None, "the handler joined")
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    background = job._background
+    assert background is not None and not background.done()
+    api.release()
+    await background
+    await job.ensure_fresh(1.0)
+    assert job.workers == 2 and api.reads == 1, "the next handler gets the read that went on"
+    await job.aclose()
