@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import datetime as dt
 import importlib.metadata
 import json
@@ -172,14 +173,19 @@ def api_settings(data_dir: Path, nats_url: str) -> Any:
 class TimedJs:
     """The JetStream context a JetStreamPublisher gets, timing each publish until its PubAck (instrumentation)."""
 
-    def __init__(self, js: Any, samples: list[float]) -> None:
+    def __init__(self, js: Any, samples: list[float], failures: list[str]) -> None:
         self._js = js
         self._samples = samples
+        self._failures = failures
 
     async def publish(self, subject: str, payload: bytes = b"", timeout: float | None = None,
                       stream: str | None = None, headers: dict[str, Any] | None = None) -> Any:
         t0 = time.perf_counter()
-        ack = await self._js.publish(subject, payload, timeout=timeout, stream=stream, headers=headers)
+        try:
+            ack = await self._js.publish(subject, payload, timeout=timeout, stream=stream, headers=headers)
+        except Exception as exc:  # the publisher retries it; a failed attempt is what a stall can hide behind
+            self._failures.append(f"{type(exc).__name__} after {(time.perf_counter() - t0) * 1e3:.0f} ms")
+            raise
         self._samples.append(time.perf_counter() - t0)
         return ack
 
@@ -193,6 +199,7 @@ class Fleet:
         self.conns: dict[str, list[Any]] = {}
         self.publishers: list[Any] = []
         self.puback: list[float] = []
+        self.failed_attempts: list[str] = []  # ours: publish attempts that raised (and were retried)
         self.errors: list[str] = []
         secret = PROVIDER_SECRET.encode()
         from harmonaize.events import Congestion, CongestionLevel, CongestionScope, agent_source, make_event
@@ -222,7 +229,7 @@ class Fleet:
             self.conns[key] = [await nats.connect(url, **options) for _ in range(n)]
         for i in range(self.hosts):
             nc = self.conns["ours"][i % n]
-            publisher = JetStreamPublisher(TimedJs(nc.jetstream(), self.puback), ack_timeout_s=2.0)
+            publisher = JetStreamPublisher(TimedJs(nc.jetstream(), self.puback, self.failed_attempts), ack_timeout_s=2.0)
             publisher.start()
             self.publishers.append(publisher)
 
@@ -243,6 +250,7 @@ class Fleet:
         template = self.make(0, job, time.time(), phase).to_json_bytes()  # raw: the same bytes, made once
         conns = self.conns["ours" if ours else target]
         self.puback.clear()
+        self.failed_attempts.clear()
         raw_acks: list[float] = []
         published_before = sum(p.published for p in self.publishers)
         errors = [0]
@@ -321,6 +329,9 @@ class Fleet:
             "late_n": len(lag),
             "fleet_cpu": (time.process_time() - cpu0) / elapsed if elapsed else math.nan,
             "bytes": len(template),
+            "puback_max_ms": max(acks, default=math.nan) * 1e3,
+            "failed_attempts": len(self.failed_attempts),
+            "failures": sorted(collections.Counter(self.failed_attempts).items())[:5],
             "retries": sum(p.retries for p in self.publishers),
             "duplicates": sum(p.duplicates for p in self.publishers),
         }
@@ -676,6 +687,9 @@ class Bench:
         cpu0, t0 = self.cpu_now(), time.monotonic()
         started = t0 + 0.05  # the fleet starts 50 ms after it reads the command
         result = await fleet.run(cmd, timeout=seconds + 60)
+        if result.get("failed_attempts") and args.late_ms is not None:
+            print(f"phase {phase_no} {key}: {result['failed_attempts']} publish attempts failed and were retried: "
+                  f"{result['failures']}", file=sys.stderr, flush=True)
         if kind == "lat":  # give the consumer `grace` seconds to catch up
             deadline = Deadline(args.grace)
             while len(rec.latencies) < result["published"] and not deadline.expired:
@@ -826,6 +840,9 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
             checks[t.key] = {"received": s.received, "handled": s.handled, "gave_up": s.gave_up,
                              "duplicates": s.duplicates, "terminated": s.terminated, "ignored": s.ignored,
                              "stale": t.recorder.stale, "broker_errors": list(t.source.errors)[:5],
+                             "fleet_failed_attempts": sum(r["fleet"].get("failed_attempts", 0)
+                                                          for per_key in results.values()
+                                                          for r in per_key.get(t.key, [])),
                              "fetch_batch_asked": round(ratio(t.source.fetches[1], t.source.fetches[0]), 1),
                              "fetch_batch_got": round(ratio(t.source.fetches[2], t.source.fetches[0]), 1)}
         for t in raws:
