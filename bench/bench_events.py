@@ -34,6 +34,9 @@ Targets:
 * ours (job cached)  the same runtime, source, store and handler, but `ProviderApi.get_job` answers from memory (a
                      subclass in this file): the SDK's event path without that REST round trip, to attribute costs.
 * raw                nats-py only, same stream and consumer configuration, same payload bytes.
+* raw, our broker    (only with `--targets ...,raw_ours`) raw nats-py publish and fetch on *our* broker: the tenant
+                     stream the API made, the provider's connections, a consumer filtered on its own job. Tells
+                     what our broker's configuration (accounts, imports) costs apart from the SDK.
 
 Latency is the handler's wall clock minus the event's scheduled time (the CloudEvent `time` for ours, a header for
 raw; same machine clock). Each event carries the phase number (a CloudEvents extension for ours, a header for raw),
@@ -48,7 +51,8 @@ not spill into the next one. Phases, per round, every target back to back in a r
 
 Run from the repository root: `python bench/bench_events.py` (~90 s), `--quick` (~25 s, no warm-up, no
 no-sync server), `--help` for sizes. `--late-ms 8` also lists every event later than 8 ms with its stages (stderr): a
-stall shows as a burst of such lines sharing one stage (how the blocking job read after a pause was found).
+stall shows as a burst of such lines sharing one stage (how the blocking job read after a pause was found), and
+each phase in which the fleet's publish attempts failed and were retried (checks: `fleet_failed_attempts`).
 No timed assertions: it prints figures. Every loop is bounded in count and in time; only loopback addresses.
 """
 
@@ -103,13 +107,18 @@ STREAM = "HZ_T_acme"  # broker_config.render.tenant_stream_name("acme"); the pla
 PHASE_EXTENSION = "benchphase"  # CloudEvents extension carrying the phase number (ours)
 PHASE_HEADER = "Bench-Phase"  # the same for raw
 TIME_HEADER = "Bench-T"  # raw: the event's scheduled wall-clock time
-JOBS = {"ours_api": "ev-api", "ours_cached": "ev-cached", "raw": "ev-raw", "raw_nosync": "ev-raw"}
+JOBS = {"ours_api": "ev-api", "ours_cached": "ev-cached", "raw": "ev-raw", "raw_nosync": "ev-raw",
+        "raw_ours": "ev-raw-ours"}
 LABELS = {
     "ours_api": "ours (SDK + API)",
     "ours_cached": "ours (job cached)",
     "raw": "raw (sync always)",
     "raw_nosync": "raw (no sync)",
+    "raw_ours": "raw, our broker (sync always)",
 }
+OPT_IN = {"raw_ours"}
+"""Targets run only when named in --targets: raw nats-py on our broker's configuration (accounts, the tenant stream
+in the provider's account) tells the broker's share of a gap from the SDK's."""
 TIMEOUTS = (asyncio.TimeoutError, nats.errors.TimeoutError)
 
 
@@ -117,6 +126,8 @@ def label(args: argparse.Namespace, key: str) -> str:
     """A target's row label; the baseline's names the fsync policy both brokers run with."""
     if key == "raw" and args.sync != "always":
         return "raw (no sync)"
+    if key == "raw_ours" and args.sync != "always":
+        return "raw, our broker (no sync)"
     if key.startswith("ours") and args.sync != "always":
         return LABELS[key][:-1] + ", no sync)"
     return LABELS[key]
@@ -248,7 +259,7 @@ class Fleet:
         subject = tenant_event_subject(TENANT, "congestion", job)
         ours = target.startswith("ours")
         template = self.make(0, job, time.time(), phase).to_json_bytes()  # raw: the same bytes, made once
-        conns = self.conns["ours" if ours else target]
+        conns = self.conns["ours" if ours or target == "raw_ours" else target]
         self.puback.clear()
         self.failed_attempts.clear()
         raw_acks: list[float] = []
@@ -625,15 +636,21 @@ class RawTarget:
                 self.acked += 1
 
 
-async def start_raw(key: str, job: str, url: str, batch: int) -> RawTarget:
+async def start_raw(key: str, job: str, url: str, batch: int, *, seed: str | None = None) -> RawTarget:
+    """A raw pull consumer; with `seed` (the provider's), on our broker, whose tenant stream the API created."""
     from broker_config.render import tenant_stream_name
     from broker_config.streams import tenant_events_stream, tenant_pull_consumer
+    from harmonaize.subjects import tenant_events_filter
 
-    nc = await nats.connect(url, allow_reconnect=False)
+    nc = await nats.connect(url, allow_reconnect=False, **({"nkeys_seed_str": seed} if seed else {}))
     js = nc.jetstream()
-    await js.add_stream(tenant_events_stream(TENANT))
-    await js.add_consumer(tenant_stream_name(TENANT), tenant_pull_consumer(TENANT, "raw"))
-    sub = await js.pull_subscribe_bind("raw", stream=tenant_stream_name(TENANT))
+    if seed is None:
+        await js.add_stream(tenant_events_stream(TENANT))
+    name = key.replace("_", "-")
+    # on our broker the stream holds the other targets' jobs too: filter on this one, as the controllers do
+    filters = [tenant_events_filter(TENANT, job=job)] if seed is not None else []
+    await js.add_consumer(tenant_stream_name(TENANT), tenant_pull_consumer(TENANT, name, filter_subjects=filters))
+    sub = await js.pull_subscribe_bind(name, stream=tenant_stream_name(TENANT))
     target = RawTarget(key, job, Recorder(key), nc, sub, batch)
     target.task = asyncio.create_task(target.loop(), name=f"bench-{key}")
     return target
@@ -781,6 +798,9 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
         raws.append(await start_raw("raw", "ev-raw", plain.url, ours[0].runtime.batch))
         if nosync is not None:
             raws.append(await start_raw("raw_nosync", "ev-raw", nosync.url, ours[0].runtime.batch))
+        if "raw_ours" in args.targets:
+            raws.append(await start_raw("raw_ours", JOBS["raw_ours"], ours_server.url, ours[0].runtime.batch,
+                                        seed=ProviderKeys(PROVIDER_SECRET.encode()).provider.seed))
         provider = await nats.connect(ours_server.url, nkeys_seed_str=ProviderKeys(PROVIDER_SECRET.encode()).provider.seed,
                                       allow_reconnect=False)
         closers.append(provider)
@@ -800,8 +820,9 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
         b.pids = {"fleet": fleet.pid, "api": api.proc.pid if api.proc else None,
                   "nats": ours_server.pid, "nats_plain": plain._proc.pid if plain._proc else None}
         targets: dict[str, Any] = {t.key: t for t in [*ours, *raws]}
-        tp_keys = [k for k in ("ours_api", "ours_cached", "raw") if k in targets and k in args.targets]
-        lat_keys = [k for k in ("ours_api", "ours_cached", "raw", "raw_nosync") if k in targets and k in args.targets]
+        tp_keys = [k for k in ("ours_api", "ours_cached", "raw", "raw_ours") if k in targets and k in args.targets]
+        lat_keys = [k for k in ("ours_api", "ours_cached", "raw", "raw_nosync", "raw_ours")
+                    if k in targets and k in args.targets]
         results: dict[str, dict[str, list[dict[str, Any]]]] = {
             "tp": {k: [] for k in tp_keys} if "tp" in args.phases else {},
             "lat": {k: [] for k in lat_keys} if "lat" in args.phases else {},
@@ -980,7 +1001,7 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
     rows = []
     for key, v in s["tp"].items():
         cpu = dict(v["cpu"])
-        if key.startswith("raw"):
+        if key.startswith("raw") and key != "raw_ours":
             cpu["nats"] = cpu.get("nats_plain", math.nan)
         per = v["ms_per_event"]
         rows.append([label(args, key), fmt(v["rate"], "/s"), f"{v['rate_min']:,.0f}-{v['rate_max']:,.0f}",
@@ -1003,7 +1024,7 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
     rows = []
     for key, v in s["lat"].items():
         cpu = dict(v["cpu"])
-        if key.startswith("raw"):
+        if key.startswith("raw") and key != "raw_ours":
             cpu["nats"] = cpu.get("nats_plain", math.nan) if key == "raw" else math.nan
         handled = v["published"] - v["missing"]
         rows.append([label(args, key), f"{handled:,}/{v['published']:,}", fmt(v["handled_rate"], "/s"),
@@ -1065,8 +1086,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sync", default="always",
                     help="JetStream sync_interval of our broker and of the raw baseline: always (default: fsync "
                          "before every PubAck, as shipped) or a period such as 2m (HZ_BROKER_SYNC_INTERVAL)")
-    ap.add_argument("--targets", default=",".join(LABELS),
-                    help=f"comma-separated subset of {','.join(LABELS)} (default: all; raw_nosync needs --nosync)")
+    ap.add_argument("--targets", default=",".join(k for k in LABELS if k not in OPT_IN),
+                    help=f"comma-separated subset of {','.join(LABELS)} (default: all but {','.join(sorted(OPT_IN))}; "
+                         "raw_nosync needs --nosync; raw_ours: raw nats-py on our broker)")
     ap.add_argument("--phases", default="tp,lat", help="tp (throughput), lat (latency) or both (default)")
     ap.add_argument("--dir", type=Path, help="parent of the temp dir (stores, logs); fsync cost depends on it")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
