@@ -129,6 +129,7 @@ class NatsServer:
         self.cluster = cluster
         self._accounts_text = accounts_text
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ended = ""  # how the last process ended, when its owner stopped or killed it (for `describe`)
 
     config_file = property(lambda self: self.directory / "nats.conf")
     accounts_file = property(lambda self: self.directory / ACCOUNTS_FILE)
@@ -188,6 +189,21 @@ class NatsServer:
         self.kill()
         raise BrokerError(f"nats-server did not accept clients within {timeout:.0f} s: {self._last_log_line()}")
 
+    def describe(self, lines: int = 30) -> str:
+        """Its state and the end of its log: what a failing test prints, so a broker that died or was stopped under
+        a test can be told from one that never answered."""
+        if self._proc is None:
+            state = self._ended or "not started"
+        elif (code := self._proc.poll()) is None:
+            state = f"running (pid {self._proc.pid})"
+        else:
+            state = f"exited with {code} (pid {self._proc.pid})"
+        try:
+            tail = self.log_file.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            tail = [f"(no log: {exc})"]
+        return "\n".join([f"nats-server on {self.url}: {state}; last {len(tail)} log lines:", *tail])
+
     def _last_log_line(self) -> str:
         try:
             lines = [ln for ln in self.log_file.read_text(errors="replace").splitlines() if ln.strip()]
@@ -213,6 +229,7 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        self._ended = f"stopped by its owner (pid {self._proc.pid}, exit code {self._proc.returncode})"
         self._proc = None
 
     def kill(self) -> None:
@@ -222,6 +239,7 @@ class NatsServer:
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+        self._ended = f"killed by its owner (pid {self._proc.pid}, exit code {self._proc.returncode})"
         self._proc = None
 
     def signal(self, sig: int) -> None:

@@ -25,6 +25,17 @@ def _clean_hz_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that ran against the `nats_server` fixture reports that server's state and log tail: a broker
+    that refused connections midway once left nothing to tell whether it had exited, and why."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    server = getattr(item, "funcargs", {}).get("nats_server")
+    if report.when == "call" and report.failed and isinstance(server, NatsServer):
+        report.sections.append(("nats-server", server.describe()))
+
+
 @pytest.fixture
 def provider_secret() -> bytes:
     return PROVIDER_SECRET
