@@ -8,16 +8,17 @@ handler's view is kept at most `max_age` old (five seconds by default: a safety 
 at one read per job per `max_age` while events flow; it was one second, and those reads cost the provider's API
 5-10 ms of CPU each) without making handlers wait for the provider: once the copy is older than that, the next
 handler still gets it and a background read replaces it (stale-while-revalidate); only a copy older than the
-runtime's `job_stale_limit` (a minute: the job was quiet that long), or none at all, is re-read before the handler
-runs, since every event queued behind that handler waits for the read too (10-15 ms against the real API). Only handlers that take the job (a
+runtime's `job_stale_limit` (a minute: the job was quiet that long), or none at all, makes the handler wait for a
+read (its own, or one already under way that is recent enough and postdates our last change), since every event
+queued behind that handler waits for the read too (10-15 ms against the real API). Only handlers that take the job (a
 `job` parameter, or `**kwargs`) cause reads: a handler that keeps a `Job` some other way (a closure over one a resync
 handler was given) sees whatever that copy last was. Reading before *every* event made one REST round trip the ceiling of
 a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
 (both in bench/bench_events.py). A background read is applied at the next `ensure_fresh` (before a handler), never
 while a handler runs, so one handler sees one view; a read that started before our own negotiation (or an answer to
-one of its offers) is discarded, so no handler sees the job as it was before that. The runtime starts the first
-read when it starts (`prefetch`), and a handler that must wait joins a read already under way for the current view
-instead of starting its own: the first event after start-up waited a whole round trip otherwise. What the controller has
+one of its offers) is discarded, so no handler sees the job as it was before that. Without resyncs, the runtime
+starts the first read as it starts (`prefetch`; with them, the first resync reads the job before any event), so the
+first event after start-up joins that read instead of waiting a whole round trip of its own. What the controller has
 *observed* about the job is there too: `job.latest(CarbonIntensity)` is the newest carbon event seen for this job (by
 CloudEvent time, so late or reordered deliveries never roll it back), and it survives restarts.
 
@@ -71,6 +72,7 @@ class Job:
         self._generation = 0  # bumped by our own negotiations: reads started before one are discarded
         self._background: asyncio.Task[None] | None = None
         self._background_generation = 0  # the generation the background read started in (joined only if current)
+        self._background_started = 0.0  # when it started (joined only if its answer would be young enough)
         self._staged: tuple[int, float, dict[str, Any]] | None = None  # a background read, applied before a handler
         self.memo: dict[str, Any] = {}
         """Scratch space that lives as long as the controller process (not persisted)."""
@@ -95,12 +97,13 @@ class Job:
 
     async def ensure_fresh(self, max_age: float, *, stale_limit: float | None = None) -> Job:
         """Make the view at most `max_age` seconds old, waiting for the provider only when it must (see above): when
-        there is no view, or it is older than `stale_limit` (default twice `max_age`)."""
+        there is no view, or it is older than `stale_limit` (default twice `max_age`). Then a read under way that will
+        do is joined; if it fails or its answer is discarded, the handler reads for itself."""
         limit = 2 * max_age if stale_limit is None else stale_limit
         self._apply_staged()
         age = self._age()
         if age is None or age >= limit:
-            if await self._join_background():  # a read of the current view is under way: its answer will do
+            if await self._join_background(limit):
                 self._apply_staged()
                 age = self._age()
             if age is None or age >= limit:
@@ -126,14 +129,20 @@ class Job:
 
     def _start_background(self) -> None:
         if self._background is None or self._background.done():
-            self._background_generation = self._generation
+            self._background_generation, self._background_started = self._generation, self._clock()
             self._background = asyncio.create_task(self._refresh_quietly(), name=f"hz-job-refresh-{self.id}")
 
-    async def _join_background(self) -> bool:
-        """Wait for a background read in flight that started after our last change (one that predates it would be
-        discarded anyway); False when there is none. Shielded: a cancelled handler does not cancel the read."""
+    async def _join_background(self, limit: float) -> bool:
+        """Wait for the background read in flight if its answer could serve: it started after our last change (an
+        earlier one is discarded) and less than `limit` ago (an older one is too old on arrival). False when there is
+        none such. Shielded: a cancelled handler does not cancel the read."""
         task = self._background
-        if task is None or task.done() or self._background_generation != self._generation:
+        if (
+            task is None
+            or task.done()
+            or self._background_generation != self._generation
+            or self._clock() - self._background_started >= limit
+        ):
             return False
         await asyncio.shield(task)
         return True

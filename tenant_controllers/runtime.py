@@ -145,14 +145,7 @@ class ControllerRuntime:
         if not await self._open(subscription):
             await self.source.close()
             return
-        self._lanes = {
-            job_id: _Lane(job=Job(job_id, api=self.api, latest=self._lookup_latest)) for job_id in self.controller.jobs
-        }
-        reads_job = any(handler.binder.takes("job") for handler in self.controller.handlers)
-        for lane in self._lanes.values():
-            if reads_job:  # the first event's handler would otherwise wait for this read, and its lane behind it
-                lane.job.prefetch()
-            lane.task = asyncio.create_task(self._run_lane(lane), name=f"hz-lane-{lane.job.id}")
+        self._start_lanes()
         ticker = asyncio.create_task(self._resync_ticker(), name="hz-resync") if self._resyncs_enabled else None
         heartbeat = asyncio.create_task(self._keep_alive(), name="hz-heartbeat")
         self.ready.set()
@@ -177,6 +170,19 @@ class ControllerRuntime:
             await asyncio.gather(heartbeat, return_exceptions=True)
             await self.source.close()
             self._log.info("controller %s stopped (%s)", self.controller.name, self.stats)
+
+    def _start_lanes(self) -> None:
+        """One lane per job. Each job's first read starts now if an event handler will want it: the first event's
+        handler would otherwise wait for it, and its lane behind it. With resyncs the first resync, queued at the head
+        of every lane, reads the job anyway."""
+        self._lanes = {
+            job_id: _Lane(job=Job(job_id, api=self.api, latest=self._lookup_latest)) for job_id in self.controller.jobs
+        }
+        prefetch = not self._resyncs_enabled and any(h.binder.takes("job") for h in self.controller.handlers)
+        for lane in self._lanes.values():
+            if prefetch:
+                lane.job.prefetch()
+            lane.task = asyncio.create_task(self._run_lane(lane), name=f"hz-lane-{lane.job.id}")
 
     @property
     def _resyncs_enabled(self) -> bool:

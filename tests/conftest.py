@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ from broker_config.render import render_accounts
 from broker_config.server import NatsServer
 
 PROVIDER_SECRET = b"test-provider-secret-0123456789abcdef"
+_NATS_SERVER = pytest.StashKey[NatsServer]()
 
 
 @pytest.fixture(autouse=True)
@@ -25,15 +26,17 @@ def _clean_hz_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test that ran against the `nats_server` fixture reports that server's state and log tail: a broker
-    that refused connections midway once left nothing to tell whether it had exited, and why."""
-    outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
-    server = getattr(item, "funcargs", {}).get("nats_server")
-    if report.when == "call" and report.failed and isinstance(server, NatsServer):
-        report.sections.append(("nats-server", server.describe()))
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that failed (in set-up, body or teardown) with the `nats_server` fixture reports that server's state
+    and log tail: a broker that refused connections midway once left nothing to tell whether it had exited, and why."""
+    report = yield
+    server = item.stash.get(_NATS_SERVER, None)
+    if report.failed and server is not None:
+        report.sections.append((f"nats-server ({report.when})", server.describe()))
+    return report
 
 
 @pytest.fixture
@@ -42,9 +45,10 @@ def provider_secret() -> bytes:
 
 
 @pytest.fixture
-def nats_server(tmp_path: Path, provider_secret: bytes) -> Iterator[NatsServer]:
+def nats_server(request: pytest.FixtureRequest, tmp_path: Path, provider_secret: bytes) -> Iterator[NatsServer]:
     """A nats-server from the wheel, on a free port, serving our accounts (no tenants yet)."""
     server = NatsServer(tmp_path / "nats", accounts_text=render_accounts(ProviderKeys(provider_secret), []))
+    request.node.stash[_NATS_SERVER] = server  # for the failure report above
     server.start()
     yield server
     server.stop()

@@ -19,6 +19,10 @@ async def test_describe_tells_a_running_server_from_one_that_died_and_one_its_ow
     await eventually(lambda: not nats_server.is_running(), what="the server gone")
     assert "exited with -9" in nats_server.describe()
 
+    nats_server.stop()  # the fixture's teardown does this: it must not hide that the server had died
+    assert "had exited on its own before its owner stopped it" in nats_server.describe()
+    assert "exit code -9" in nats_server.describe()
+
     nats_server.start()
     nats_server.kill()
-    assert "killed by its owner" in nats_server.describe() and "exit code -9" in nats_server.describe()
+    assert "killed by its owner (pid" in nats_server.describe() and "exit code -9" in nats_server.describe()

@@ -251,16 +251,6 @@ async def test_the_runtime_reads_the_job_at_start_up_only_for_handlers_that_take
     def job_reads() -> int:
         return sum(1 for r in provider.requests if r.method == "GET" and r.url.path == "/v1/jobs/llm-finetune")
 
-    blind_ctl = Controller(tenant="acme", job="llm-finetune", name="blind")
-
-    @blind_ctl.on(CarbonIntensity)
-    async def on_carbon(event: CarbonIntensity) -> None:
-        pass
-
-    async with running(blind_ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
-        assert runtime.ready.is_set()
-    assert job_reads() == 0
-
     sighted_ctl = Controller(tenant="acme", job="llm-finetune", name="sighted")
     seen: list[int] = []
 
@@ -275,3 +265,41 @@ async def test_the_runtime_reads_the_job_at_start_up_only_for_handlers_that_take
         await eventually(lambda: len(seen) == 2, what="two events handled")
     assert job_reads() == 1, "the handlers used the start-up read"
     assert seen == [2, 2]
+
+    blind_ctl = Controller(tenant="acme", job="llm-finetune", name="blind")
+    blind: list[float] = []
+
+    @blind_ctl.on(CarbonIntensity)
+    async def on_carbon(event: CarbonIntensity) -> None:
+        blind.append(event.g_per_kwh)
+
+    async with running(blind_ctl, source=MemoryEventSource(bus), api=api, store=store):
+        await eventually(lambda: blind == [100, 110], what="the same events handled by a controller blind to the job")
+    assert job_reads() == 1, "no read for it"
+
+
+async def test_with_resyncs_the_first_resync_is_the_start_up_read(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore, provider: FakeProvider
+) -> None:
+    """The first resync, queued first in every lane, reads the job anyway: a start-up read beside it would be a
+    second request for the same answer."""
+    ctl = Controller(tenant="acme", job="llm-finetune")
+    resynced: list[int] = []
+    seen: list[int] = []
+
+    @ctl.on_resync
+    async def converge(job: Job) -> None:
+        resynced.append(job.workers)
+
+    @ctl.on(CarbonIntensity)
+    async def on_carbon(job: Job) -> None:
+        seen.append(job.workers)
+
+    def job_reads() -> int:
+        return sum(1 for r in provider.requests if r.method == "GET" and r.url.path == "/v1/jobs/llm-finetune")
+
+    options = {"resync_interval": 3600.0, "job_max_age": 3600.0}
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store, **options):
+        bus.publish(carbon(100))
+        await eventually(lambda: resynced == [2] and seen == [2], what="the first resync and an event")
+    assert job_reads() == 1

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tenant_controllers import job as job_module
 from tenant_controllers.job import Job
 
 
@@ -160,41 +161,82 @@ async def test_stopping_cancels_a_background_read_in_flight(api: GatedApi, clock
     assert background.cancelled()
 
 
+
+class JoinWatch:
+    """Records when a handler starts waiting on a read it joined (job.py shields it), so a test can act then."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.joined = asyncio.Event()
+        real_shield = asyncio.shield
+
+        def shield(awaitable: Any) -> Any:
+            self.joined.set()
+            return real_shield(awaitable)
+
+        monkeypatch.setattr(job_module.asyncio, "shield", shield)
+
+
+@pytest.fixture
+def joins(monkeypatch: pytest.MonkeyPatch) -> JoinWatch:
+    return JoinWatch(monkeypatch)
+
+
 async def test_a_handler_with_no_view_joins_the_start_up_read_instead_of_starting_another(
-    api: GatedApi, clock: Clock
+    api: GatedApi, clock: Clock, joins: JoinWatch
 ) -> None:
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
     job.prefetch()  # what the runtime does as it starts
     await until(lambda: api.reads == 1, "the start-up read")
     job.prefetch()
     waiting = asyncio.create_task(job.ensure_fresh(1.0))
-    for _ in range(20):  # turns of the loop: the chance to (wrongly) start a second read
-        await asyncio.sleep(0)
+    await asyncio.wait_for(joins.joined.wait(), 5)
     assert not waiting.done(), "there is no view yet: the handler waits for the read under way"
-    assert api.reads == 1, "one read, joined; prefetch does not start a second one either"
+    assert api.reads == 1, "one read, joined; a second prefetch does not start another either"
     api.release()
     await waiting
     assert job.workers == 2 and api.reads == 1
     await job.aclose()
 
 
-async def test_a_failed_start_up_read_leaves_the_handler_to_read_for_itself(clock: Clock) -> None:
-    class FlakyApi:
-        def __init__(self) -> None:
-            self.reads = 0
+class FailingFirstRead(GatedApi):
+    """Like GatedApi, but the first read, once released, fails."""
 
-        async def get_job(self, job_id: str) -> dict[str, Any]:
-            self.reads += 1
-            if self.reads == 1:
-                raise ConnectionError("provider not up yet")
-            return {"id": job_id, "desired_workers": 5, "min_workers": 1, "max_workers": 8, "parallel_plan": "ddp"}
+    async def get_job(self, job_id: str) -> dict[str, Any]:
+        first = self.reads == 0
+        answer = await super().get_job(job_id)
+        if first:
+            raise ConnectionError("provider not up yet")
+        return answer
 
-    api = FlakyApi()
+
+async def test_when_the_read_it_joined_fails_the_handler_reads_for_itself(clock: Clock, joins: JoinWatch) -> None:
+    api = FailingFirstRead()
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
     job.prefetch()
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await asyncio.wait_for(joins.joined.wait(), 5)
+    api.workers = 5
+    api.release()  # the joined read fails
+    await until(lambda: api.reads == 2, "the handler's own read")
+    api.release()
+    await waiting
+    assert job.workers == 5
+    await job.aclose()
+
+
+async def test_a_failed_start_up_read_leaves_the_handler_to_read_for_itself(clock: Clock) -> None:
+    api = FailingFirstRead()
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    job.prefetch()
+    await until(lambda: api.reads == 1, "the start-up read")
+    api.release()
     await until(lambda: job._background is not None and job._background.done(), "the start-up read failed")
-    await job.ensure_fresh(1.0)
-    assert api.reads == 2 and job.workers == 5
+    api.workers = 5
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await until(lambda: api.reads == 2, "the handler's own read")
+    api.release()
+    await waiting
+    assert job.workers == 5
     await job.aclose()
 
 
@@ -212,17 +254,49 @@ async def test_a_read_under_way_from_before_a_change_is_not_joined(api: GatedApi
     await job.aclose()
 
 
-async def test_a_cancelled_handler_does_not_cancel_the_read_it_joined(api: GatedApi, clock: Clock) -> None:
+async def test_a_change_while_the_handler_waits_on_a_joined_read_makes_it_read_again(
+    api: GatedApi, clock: Clock, joins: JoinWatch
+) -> None:
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
     job.prefetch()
-    await until(lambda: api.reads == 1, "the start-up read")
     waiting = asyncio.create_task(job.ensure_fresh(1.0))
-    await until(lambda: not waiting.done() and job._background is not None, "the handler joined")
-    await asyncio.sleep(0)
+    await asyncio.wait_for(joins.joined.wait(), 5)
+    job.invalidate()  # e.g. another lane's handler negotiated meanwhile
+    api.workers = 3
+    api.release()  # the joined read lands with the pre-change answer, which is discarded
+    await until(lambda: api.reads == 2, "the handler's own read")
+    api.release()
+    await waiting
+    assert job.workers == 3
+    await job.aclose()
+
+
+async def test_a_background_read_too_old_to_serve_is_not_joined(api: GatedApi, clock: Clock) -> None:
+    job = await loaded(api, clock)
+    clock.now += 1.5
+    await job.ensure_fresh(1.0, stale_limit=60.0)  # starts a background read, which hangs
+    await until(lambda: api.reads == 2, "the background read")
+    clock.now += 61  # the view and that read's answer are both past the limit now
+    waiting = asyncio.create_task(job.ensure_fresh(1.0, stale_limit=60.0))
+    await until(lambda: api.reads == 3, "a read of its own, not a wait on the old one")
+    api.workers = 4
+    api.release()
+    await waiting
+    await job.aclose()
+
+
+async def test_a_cancelled_handler_does_not_cancel_the_read_it_joined(
+    api: GatedApi, clock: Clock, joins: JoinWatch
+) -> None:
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    job.prefetch()
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await asyncio.wait_for(joins.joined.wait(), 5)
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.cancelled()
     background = job._background
-    assert background is not None and not background.done()
+    assert background is not None and not background.done(), "the read goes on"
     api.release()
     await background
     await job.ensure_fresh(1.0)
