@@ -222,7 +222,7 @@ class NatsServer:
         """Graceful stop (SIGTERM), escalating to SIGKILL after `timeout`."""
         if self._proc is None:
             return
-        self._ended = self._exited_on_its_own() or "stopped by its owner"
+        how = self._exited_on_its_own() or "stopped by its owner"
         if self._proc.poll() is None:
             self._proc.terminate()
             try:
@@ -230,25 +230,29 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        self._ended += f" (pid {self._proc.pid}, exit code {self._proc.returncode})"
-        self._proc = None
+        self._forget_process(how)
 
     def kill(self) -> None:
         """Crash the server (SIGKILL): what a power loss looks like to clients."""
         if self._proc is None:
             return
-        self._ended = self._exited_on_its_own() or "killed by its owner"
+        how = self._exited_on_its_own() or "killed by its owner"
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
-        self._ended += f" (pid {self._proc.pid}, exit code {self._proc.returncode})"
-        self._proc = None
+        self._forget_process(how)
 
     def _exited_on_its_own(self) -> str:
         """What `describe` should say of a process that was already gone when its owner came to stop it."""
         if self._proc is not None and self._proc.poll() is not None:
             return "had exited on its own before its owner stopped it"
         return ""
+
+    def _forget_process(self, how: str) -> None:
+        """Drop the reaped process, keeping how it ended for `describe`."""
+        if self._proc is not None:
+            self._ended = f"{how} (pid {self._proc.pid}, exit code {self._proc.returncode})"
+        self._proc = None
 
     def signal(self, sig: int) -> None:
         if self._proc is not None and self._proc.poll() is None:

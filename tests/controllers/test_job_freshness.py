@@ -181,6 +181,17 @@ def joins(monkeypatch: pytest.MonkeyPatch) -> JoinWatch:
     return JoinWatch(monkeypatch)
 
 
+async def handler_joining_the_start_up_read(
+    api: GatedApi, clock: Clock, joins: JoinWatch
+) -> tuple[Job, asyncio.Task[Job]]:
+    """A job whose start-up read is held at the gate, and a handler waiting on that read."""
+    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
+    job.prefetch()
+    waiting = asyncio.create_task(job.ensure_fresh(1.0))
+    await asyncio.wait_for(joins.joined.wait(), 5)
+    return job, waiting
+
+
 async def test_a_handler_with_no_view_joins_the_start_up_read_instead_of_starting_another(
     api: GatedApi, clock: Clock, joins: JoinWatch
 ) -> None:
@@ -211,10 +222,7 @@ class FailingFirstRead(GatedApi):
 
 async def test_when_the_read_it_joined_fails_the_handler_reads_for_itself(clock: Clock, joins: JoinWatch) -> None:
     api = FailingFirstRead()
-    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
-    job.prefetch()
-    waiting = asyncio.create_task(job.ensure_fresh(1.0))
-    await asyncio.wait_for(joins.joined.wait(), 5)
+    job, waiting = await handler_joining_the_start_up_read(api, clock, joins)
     api.workers = 5
     api.release()  # the joined read fails
     await until(lambda: api.reads == 2, "the handler's own read")
@@ -257,10 +265,7 @@ async def test_a_read_under_way_from_before_a_change_is_not_joined(api: GatedApi
 async def test_a_change_while_the_handler_waits_on_a_joined_read_makes_it_read_again(
     api: GatedApi, clock: Clock, joins: JoinWatch
 ) -> None:
-    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
-    job.prefetch()
-    waiting = asyncio.create_task(job.ensure_fresh(1.0))
-    await asyncio.wait_for(joins.joined.wait(), 5)
+    job, waiting = await handler_joining_the_start_up_read(api, clock, joins)
     job.invalidate()  # e.g. another lane's handler negotiated meanwhile
     api.workers = 3
     api.release()  # the joined read lands with the pre-change answer, which is discarded
@@ -288,10 +293,7 @@ async def test_a_background_read_too_old_to_serve_is_not_joined(api: GatedApi, c
 async def test_a_cancelled_handler_does_not_cancel_the_read_it_joined(
     api: GatedApi, clock: Clock, joins: JoinWatch
 ) -> None:
-    job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
-    job.prefetch()
-    waiting = asyncio.create_task(job.ensure_fresh(1.0))
-    await asyncio.wait_for(joins.joined.wait(), 5)
+    job, waiting = await handler_joining_the_start_up_read(api, clock, joins)
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert waiting.cancelled()
