@@ -9,7 +9,8 @@ running in a `ControllerRuntime` pulls it through the tenant account's imported 
 continuous pull, `PullStream`; consumer created by the real API's `PUT /v1/event-consumers`), decodes it, routes it
 to the job's lane, checks and records it in the `HandledStore` (SQLite on disk), calls the typed handler, and acks.
 
-Processes (2 cores, loopback only):
+Processes (2 cores, loopback only; each Python one on the event loop the shipped processes choose, uvloop where
+installed, `HZ_EVENT_LOOP=asyncio` for asyncio's own: the raw baseline shares them, so it runs on the same loop):
 
 * fleet       a subprocess playing `--hosts` agents (default 100), one JetStreamPublisher and one provider
               connection each (like 100 agent processes, but in one Python process). It makes the events
@@ -99,7 +100,11 @@ ensure_repo_on_path()
 import nats  # noqa: E402
 import nats.errors  # noqa: E402
 
+from harmonaize import event_loop  # noqa: E402
+
 HOST = "127.0.0.1"
+LOOP = os.environ.get("HZ_EVENT_LOOP", "auto")
+"""Every process here (fleet, consumers, API) runs on the loop the shipped processes would: `HZ_EVENT_LOOP`."""
 TENANT = "acme"
 PROVIDER_SECRET = "bench-provider-secret-0123456789abcdef"
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
@@ -165,7 +170,7 @@ def serve_api(args: argparse.Namespace) -> int:
     )
     app = create_app(api_settings(args.data_dir, args.nats_url), broker=broker)
     config = uvicorn.Config(app, host=HOST, port=args.port, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=120)
+                            timeout_keep_alive=120, loop=event_loop.resolve_event_loop(LOOP))
     uvicorn.Server(config).run()
     return 0
 
@@ -984,7 +989,8 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
                   event_bytes: int | None) -> str:
     lines = [
         f"bench_events  {meta['date']}  {meta['machine']}  code: {meta['git']}",
-        f"nats-server {meta['nats_server']}, nats-py {meta['nats_py']}; event: Congestion CloudEvent, {event_bytes} B "
+        f"nats-server {meta['nats_server']}, nats-py {meta['nats_py']}, event loop {meta['event_loop']} in every "
+        f"process (HZ_EVENT_LOOP); event: Congestion CloudEvent, {event_bytes} B "
         f"JSON; {args.hosts} simulated hosts = {args.hosts} JetStreamPublishers on {min(args.connections, args.hosts)} "
         f"provider connections in one fleet process; controller: ControllerRuntime defaults (batch 16, "
         f"max_in_flight 64), HandledStore on disk; brokers' JetStream sync_interval: {args.sync}; {args.rounds} "
@@ -1144,7 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_api:
         return serve_api(args)
     if args.fleet:
-        return asyncio.run(fleet_main(args))
+        return event_loop.run(fleet_main(args), loop=LOOP)
     from bench_broker import nats_server_version
 
     if args.dir:
@@ -1155,13 +1161,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_line(),
         "nats_server": nats_server_version(),
         "nats_py": importlib.metadata.version("nats-py"),
+        "event_loop": event_loop.resolve_event_loop(LOOP),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "loadavg": loadavg(),
         "git": git_state(),
     }
     started = time.monotonic()
     try:
-        results = asyncio.run(asyncio.wait_for(bench(args, workdir, meta), timeout=900))
+        results = event_loop.run(asyncio.wait_for(bench(args, workdir, meta), timeout=900), loop=LOOP)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

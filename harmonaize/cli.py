@@ -6,7 +6,6 @@ for a failure at run time. Heavy imports (FastAPI, SQLAlchemy, nats) happen insi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Annotated, NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
-from harmonaize import __version__
+from harmonaize import __version__, event_loop
 from harmonaize.settings import Settings
 
 app = typer.Typer(help="HarmonAIze: tenant-provider cooperation for AI workloads.", no_args_is_help=True)
@@ -127,7 +126,7 @@ def up(
         scenario.write_text(DEMO_SCENARIO)
         story = DemoStory(console=Console(), done_marker=settings.data_dir / "demo-summary.json")
     try:
-        asyncio.run(
+        event_loop.run(
             run_local_cloud(
                 settings,
                 nats_port=nats_port,
@@ -138,7 +137,8 @@ def up(
                 hosts=fleet_of(hosts) if hosts is not None else None,
                 story=story,
                 keep_running=True,
-            )
+            ),
+            loop=settings.event_loop,
         )
     except (LocalCloudError, BrokerError) as exc:
         fail(str(exc))
@@ -176,7 +176,7 @@ def demo(
     story = DemoStory(console=console, summary_json=summary_json, live=live)
     console.print(f"HarmonAIze demo: a fresh local cloud in {data_dir} (logs in {data_dir / 'logs'})")
     try:
-        asyncio.run(run_local_cloud(settings, scenario=scenario, story=story))
+        event_loop.run(run_local_cloud(settings, scenario=scenario, story=story), loop=settings.event_loop)
     except (LocalCloudError, BrokerError, RuntimeError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
+from harmonaize import event_loop
 from harmonaize.settings import Settings
 
 __all__ = ["events_app", "jobs_app", "negotiations_app", "scenario_app"]
@@ -185,7 +186,7 @@ def events_tail(
     except (UnknownEventKindError, InvalidIdError) as exc:
         _fail(str(exc), code=2)
     try:
-        asyncio.run(_tail(settings.nats_url, seed, subject, count=count, as_json=as_json))
+        event_loop.run(_tail(settings.nats_url, seed, subject, count=count, as_json=as_json), loop=settings.event_loop)
     except KeyboardInterrupt:
         pass
 
@@ -240,7 +241,10 @@ def scenario_run(
     settings = _settings()
     secret = _need(settings.provider_secret, "HZ_PROVIDER_SECRET", "source .hz/admin.env")
     injection = ScenarioInjection(scenario=scenario, at=datetime.now(UTC) + timedelta(seconds=delay))
-    replies = asyncio.run(_inject(settings.nats_url, secret.encode(), injection.model_dump_json().encode(), wait))
+    replies = event_loop.run(
+        _inject(settings.nats_url, secret.encode(), injection.model_dump_json().encode(), wait),
+        loop=settings.event_loop,
+    )
     applied = sorted(r["host"] for r in replies if r.get("applied"))
     refused = sorted(f"{r['host']} ({r.get('reason')})" for r in replies if not r.get("applied"))
     if not replies:

@@ -42,6 +42,7 @@ from typing import Annotated, NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
+from harmonaize import event_loop
 from harmonaize.settings import Settings
 
 __all__ = ["app", "api_app", "broker_app", "DEMO_TENANT_ENV_FILE"]
@@ -113,7 +114,7 @@ def api_serve(
     settings = _settings()
     secret = _secret(settings)
     try:
-        started = asyncio.run(
+        started = event_loop.run(
             _serve(
                 settings,
                 secret,
@@ -122,7 +123,8 @@ def api_serve(
                 replicas=stream_replicas,
                 carbon_speedup=carbon_speedup,
                 log_level=log_level.lower(),
-            )
+            ),
+            loop=settings.event_loop,
         )
     except KeyboardInterrupt:
         return

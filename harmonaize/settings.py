@@ -8,6 +8,7 @@ Every field is read from an `HZ_`-prefixed environment variable (or a `.env` fil
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,6 +54,12 @@ class Settings(BaseSettings):
         "event survives an OS crash; one fsync per event) or a period like 10s (events of the last period can be "
         "lost if the broker's host crashes; lower latency where fsync is slow).",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="The event loop every HarmonAIze process runs on: 'auto' (uvloop where it is installed, which is "
+        "the default install on Linux and macOS; asyncio's own otherwise), 'uvloop' (an error where it is missing) "
+        "or 'asyncio'.",
+    )
     api_host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(default=8080, ge=0, le=65535, description="Port the API binds to (0: any free port).")
     api_url: str = Field(default="", description="Where tenants reach the API. Empty: http://<api_host>:<api_port>.")
@@ -92,6 +99,14 @@ class Settings(BaseSettings):
         from broker_config.render import check_sync_interval  # broker_config builds on harmonaize, not the reverse
 
         return check_sync_interval(value)
+
+    @field_validator("event_loop")
+    @classmethod
+    def _event_loop_is_installed(cls, value: str) -> str:
+        from harmonaize.event_loop import resolve_event_loop
+
+        resolve_event_loop(value)  # 'uvloop' where it is missing: refused here, with the install hint
+        return value
 
     @field_validator("tenant")
     @classmethod

@@ -8,7 +8,6 @@ naming the problem and exit code 2; a failure at run time exits 1.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Annotated, NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
+from harmonaize import event_loop
 from harmonaize.ids import InvalidIdError, validate_id
 from harmonaize.settings import Settings
 from provider_agents.changes import DEFAULT_CARBON_EVERY
@@ -117,7 +117,8 @@ def agent(
         stop_nodes_on_exit=stop_nodes_on_exit,
     )
     try:
-        asyncio.run(run_agent(_settings(nats_url), options))
+        settings = _settings(nats_url)
+        event_loop.run(run_agent(settings, options), loop=settings.event_loop)
     except (SettingsError, ScenarioError, SourceUnavailableError) as exc:
         _fail(str(exc), code=2)
     except KeyboardInterrupt:
@@ -146,7 +147,8 @@ def fleet_monitor(
         options = MonitorOptions(
             check_interval_s=check_interval, rendezvous_bind=rendezvous_bind, rendezvous_advertise=rendezvous_advertise
         )
-        asyncio.run(run_fleet_monitor(_settings(nats_url), options))
+        settings = _settings(nats_url)
+        event_loop.run(run_fleet_monitor(settings, options), loop=settings.event_loop)
     except SettingsError as exc:
         _fail(str(exc), code=2)
     except KeyboardInterrupt:

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from broker_config.keys import ProviderKeys
+from harmonaize import event_loop
 from harmonaize.desired_state import HostAssignment
 from harmonaize.heap import freeze_startup_heap
 from harmonaize.settings import Settings
@@ -175,7 +176,10 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         region=options.region,
         seed=options.seed,
     )
-    log.info("host %s: telemetry from %s, group %s", options.host, type(source).__name__, source.locality_group)
+    log.info(
+        "host %s: telemetry from %s, group %s; event loop %s",
+        options.host, type(source).__name__, source.locality_group, event_loop.running_loop_name(),
+    )
     control = control_plane(settings) if options.launch else None
     nc = await connect_provider(settings.nats_url, secret, name=f"hz-agent-{options.host}")
     publisher = JetStreamPublisher(nc.jetstream(), max_pending=options.max_pending)

@@ -25,6 +25,7 @@ from types import ModuleType
 
 from pydantic import ValidationError
 
+from harmonaize import event_loop
 from harmonaize.heap import freeze_startup_heap
 from harmonaize.settings import Settings
 from tenant_controllers.api_client import ProviderApi
@@ -203,7 +204,9 @@ def main(
         return _fail(str(exc), EXIT_CONFIG)
     directory = state_dir if state_dir is not None else settings.data_dir / "controllers"
     try:
-        return asyncio.run(_serve(controllers, credentials, directory, resync_interval, ack_wait))
+        return event_loop.run(
+            _serve(controllers, credentials, directory, resync_interval, ack_wait), loop=settings.event_loop
+        )
     except ControllerError as exc:
         return _fail(str(exc), EXIT_RUNTIME)
 
@@ -231,6 +234,7 @@ async def _serve(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    _log.info("event loop: %s", event_loop.running_loop_name())
     freeze_startup_heap()  # this process is ours: full GC passes over the start-up heap would stall events in flight
     try:
         await run_controllers(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from harmonaize.event_loop import resolve_event_loop
 from tests.elastic.harness import ElasticCloud, mlp_job
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,3 +29,7 @@ async def test_negotiated_scale_up_and_down_continue_from_the_checkpoint(cloud: 
     assert [entry["world_size"] for entry in timeline] == [2, 3, 2]
     steps = [entry["step"] for entry in timeline]
     assert steps == sorted(steps) and steps[0] == 0
+
+    # the agents launched and stopped those torchrun nodes from the default loop (uvloop where installed)
+    logs = [path.read_text(errors="replace") for path in cloud.data_dir.glob("agent-*.log")]
+    assert logs and all(f"event loop {resolve_event_loop('auto')}" in log for log in logs)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from broker_config.render import tenant_stream_name
+from harmonaize.event_loop import resolve_event_loop
 from tests.controllers.live_cloud import LiveCloud
 from tests.faults.scripts.agent_publisher import event_id
 from tests.faults.support import (
@@ -115,6 +116,7 @@ async def test_every_event_is_handled_exactly_once_while_the_broker_bounces(
     stored = await stored_event_ids(cloud.provider, tenant_stream_name(cloud.tenant))
     runs_per_id = Counter(runs.read_text().split())
     stats = runtime_stats(controller.tail(1_000_000))
+    assert f"event loop: {resolve_event_loop('auto')}" in controller.tail(1_000_000), "the CLI's default loop"
     print(
         f"\nbroker bounces: {bouncer.summary()}; publishing took {published_s:.1f} s\n"
         f"published {len(expected)} events from {AGENTS} agents (+{resent} re-sent under a second message id); "
