@@ -26,6 +26,15 @@ def ensure_repo_on_path() -> None:
         sys.path.insert(1, str(ROOT))
 
 
+def event_loop_choice() -> str:
+    """The loop a benchmark's servers and agents run on: `HZ_EVENT_LOOP`, as the shipped processes read it, resolved
+    ('uvloop' or 'asyncio'), so a report says what actually ran."""
+    ensure_repo_on_path()
+    from harmonaize.event_loop import resolve_event_loop
+
+    return resolve_event_loop(os.environ.get("HZ_EVENT_LOOP", "auto"))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (q in 0..100) of `values`; NaN for none."""
     if not values:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """API benchmark: the control plane's hot endpoints against a bare FastAPI + SQLAlchemy app, in one run.
 
-Two uvicorn servers, each in its own subprocess on a free loopback port (one worker, uvicorn's default loop and HTTP
-implementation, no access log), loaded from this process at a fixed concurrency, one keep-alive connection per
+Two uvicorn servers, each in its own subprocess on a free loopback port (one worker, the event loop `HZ_EVENT_LOOP` names as
+the shipped API's (uvloop where installed), uvicorn's default HTTP implementation, no access log), loaded from this process at a fixed concurrency, one keep-alive connection per
 concurrent request: `httpx.AsyncClient`s by default, or `--client raw`, a minimal HTTP/1.1 client that needs ~10x
 less CPU (on 2 cores an httpx load generator takes CPU the server would otherwise get; see the CPU column):
 
@@ -54,6 +54,7 @@ from typing import Any
 from _benchutil import (
     Deadline,
     clean_nan,
+    event_loop_choice,
     ensure_repo_on_path,
     fmt,
     git_state,
@@ -241,7 +242,7 @@ def serve(kind: str, port: int, data_dir: Path, database_url: str) -> int:
     app = build_ours(data_dir, database_url) if kind == "ours" else build_baseline(data_dir, database_url)
     # Keep-alive longer than uvicorn's 5 s default: a connection sits idle while the other scenarios of a round run.
     config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=120)
+                            timeout_keep_alive=120, loop=event_loop_choice())
     uvicorn.Server(config).run()
     return 0
 
@@ -749,14 +750,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-api-", dir=args.dir))
-    uvloop = importlib.util.find_spec("uvloop") is not None
     httptools = importlib.util.find_spec("httptools") is not None
     meta = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
         "uvicorn": _version("uvicorn"), "fastapi": _version("fastapi"), "sqlalchemy": _version("SQLAlchemy"),
         "httpx": _version("httpx"),
-        "loop": f"{'uvloop' if uvloop else 'asyncio'}/{'httptools' if httptools else 'h11'}",
+        "loop": f"{event_loop_choice()}/{'httptools' if httptools else 'h11'}",
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "loadavg": loadavg(),
         "git": git_state(),

@@ -83,6 +83,7 @@ from _benchutil import (
     Deadline,
     clean_nan,
     ensure_repo_on_path,
+    event_loop_choice,
     fmt,
     git_state,
     loadavg,
@@ -103,8 +104,6 @@ import nats.errors  # noqa: E402
 from harmonaize import event_loop  # noqa: E402
 
 HOST = "127.0.0.1"
-LOOP = os.environ.get("HZ_EVENT_LOOP", "auto")
-"""Every process here (fleet, consumers, API) runs on the loop the shipped processes would: `HZ_EVENT_LOOP`."""
 TENANT = "acme"
 PROVIDER_SECRET = "bench-provider-secret-0123456789abcdef"
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
@@ -170,7 +169,7 @@ def serve_api(args: argparse.Namespace) -> int:
     )
     app = create_app(api_settings(args.data_dir, args.nats_url), broker=broker)
     config = uvicorn.Config(app, host=HOST, port=args.port, log_level="warning", access_log=False, lifespan="on",
-                            timeout_keep_alive=120, loop=event_loop.resolve_event_loop(LOOP))
+                            timeout_keep_alive=120, loop=event_loop_choice())
     uvicorn.Server(config).run()
     return 0
 
@@ -1150,7 +1149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_api:
         return serve_api(args)
     if args.fleet:
-        return event_loop.run(fleet_main(args), loop=LOOP)
+        return event_loop.run(fleet_main(args), choice=event_loop_choice())
     from bench_broker import nats_server_version
 
     if args.dir:
@@ -1161,14 +1160,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_line(),
         "nats_server": nats_server_version(),
         "nats_py": importlib.metadata.version("nats-py"),
-        "event_loop": event_loop.resolve_event_loop(LOOP),
+        "event_loop": event_loop_choice(),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "loadavg": loadavg(),
         "git": git_state(),
     }
     started = time.monotonic()
     try:
-        results = event_loop.run(asyncio.wait_for(bench(args, workdir, meta), timeout=900), loop=LOOP)
+        results = event_loop.run(asyncio.wait_for(bench(args, workdir, meta), timeout=900), choice=event_loop_choice())
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

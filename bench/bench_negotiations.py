@@ -50,6 +50,7 @@ from typing import Any
 from _benchutil import (
     Deadline,
     clean_nan,
+    event_loop_choice,
     ensure_repo_on_path,
     fmt,
     git_state,
@@ -411,14 +412,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-neg-", dir=args.dir))
-    uvloop = importlib.util.find_spec("uvloop") is not None
     httptools = importlib.util.find_spec("httptools") is not None
     meta = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
         "uvicorn": _version("uvicorn"), "fastapi": _version("fastapi"), "sqlalchemy": _version("SQLAlchemy"),
         "httpx": _version("httpx"),
-        "loop": f"{'uvloop' if uvloop else 'asyncio'}/{'httptools' if httptools else 'h11'}",
+        "loop": f"{event_loop_choice()}/{'httptools' if httptools else 'h11'}",
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "loadavg": loadavg(),
         "git": git_state(),

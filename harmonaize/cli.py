@@ -138,7 +138,7 @@ def up(
                 story=story,
                 keep_running=True,
             ),
-            loop=settings.event_loop,
+            choice=settings.event_loop,
         )
     except (LocalCloudError, BrokerError) as exc:
         fail(str(exc))
@@ -176,7 +176,7 @@ def demo(
     story = DemoStory(console=console, summary_json=summary_json, live=live)
     console.print(f"HarmonAIze demo: a fresh local cloud in {data_dir} (logs in {data_dir / 'logs'})")
     try:
-        event_loop.run(run_local_cloud(settings, scenario=scenario, story=story), loop=settings.event_loop)
+        event_loop.run(run_local_cloud(settings, scenario=scenario, story=story), choice=settings.event_loop)
     except (LocalCloudError, BrokerError, RuntimeError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -186,7 +186,9 @@ def events_tail(
     except (UnknownEventKindError, InvalidIdError) as exc:
         _fail(str(exc), code=2)
     try:
-        event_loop.run(_tail(settings.nats_url, seed, subject, count=count, as_json=as_json), loop=settings.event_loop)
+        event_loop.run(
+            _tail(settings.nats_url, seed, subject, count=count, as_json=as_json), choice=settings.event_loop
+        )
     except KeyboardInterrupt:
         pass
 
@@ -243,7 +245,7 @@ def scenario_run(
     injection = ScenarioInjection(scenario=scenario, at=datetime.now(UTC) + timedelta(seconds=delay))
     replies = event_loop.run(
         _inject(settings.nats_url, secret.encode(), injection.model_dump_json().encode(), wait),
-        loop=settings.event_loop,
+        choice=settings.event_loop,
     )
     applied = sorted(r["host"] for r in replies if r.get("applied"))
     refused = sorted(f"{r['host']} ({r.get('reason')})" for r in replies if not r.get("applied"))

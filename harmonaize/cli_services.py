@@ -31,7 +31,6 @@ imports (FastAPI, SQLAlchemy, nats, uvicorn) happen inside the commands.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import os
 import shlex
@@ -124,7 +123,7 @@ def api_serve(
                 carbon_speedup=carbon_speedup,
                 log_level=log_level.lower(),
             ),
-            loop=settings.event_loop,
+            choice=settings.event_loop,
         )
     except KeyboardInterrupt:
         return

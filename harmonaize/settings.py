@@ -8,11 +8,11 @@ Every field is read from an `HZ_`-prefixed environment variable (or a `.env` fil
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from harmonaize.event_loop import EventLoopChoice, resolve_event_loop
 from harmonaize.ids import validate_id
 
 
@@ -54,11 +54,11 @@ class Settings(BaseSettings):
         "event survives an OS crash; one fsync per event) or a period like 10s (events of the last period can be "
         "lost if the broker's host crashes; lower latency where fsync is slow).",
     )
-    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+    event_loop: EventLoopChoice = Field(
         default="auto",
-        description="The event loop every HarmonAIze process runs on: 'auto' (uvloop where it is installed, which is "
-        "the default install on Linux and macOS; asyncio's own otherwise), 'uvloop' (an error where it is missing) "
-        "or 'asyncio'.",
+        description="The event loop HarmonAIze's long-running processes (API, agents, controllers, the local cloud) "
+        "run on: 'auto' (uvloop where it is installed, as it is by default outside Windows; asyncio's own otherwise), "
+        "'uvloop' (an error where it cannot be imported) or 'asyncio'.",
     )
     api_host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(default=8080, ge=0, le=65535, description="Port the API binds to (0: any free port).")
@@ -102,10 +102,9 @@ class Settings(BaseSettings):
 
     @field_validator("event_loop")
     @classmethod
-    def _event_loop_is_installed(cls, value: str) -> str:
-        from harmonaize.event_loop import resolve_event_loop
-
-        resolve_event_loop(value)  # 'uvloop' where it is missing: refused here, with the install hint
+    def _event_loop_can_run(cls, value: str) -> str:
+        if value == "uvloop":
+            resolve_event_loop(value)  # where it cannot be imported: refused here, with the install hint
         return value
 
     @field_validator("tenant")

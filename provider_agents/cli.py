@@ -118,7 +118,7 @@ def agent(
     )
     try:
         settings = _settings(nats_url)
-        event_loop.run(run_agent(settings, options), loop=settings.event_loop)
+        event_loop.run(run_agent(settings, options), choice=settings.event_loop)
     except (SettingsError, ScenarioError, SourceUnavailableError) as exc:
         _fail(str(exc), code=2)
     except KeyboardInterrupt:
@@ -148,7 +148,7 @@ def fleet_monitor(
             check_interval_s=check_interval, rendezvous_bind=rendezvous_bind, rendezvous_advertise=rendezvous_advertise
         )
         settings = _settings(nats_url)
-        event_loop.run(run_fleet_monitor(settings, options), loop=settings.event_loop)
+        event_loop.run(run_fleet_monitor(settings, options), choice=settings.event_loop)
     except SettingsError as exc:
         _fail(str(exc), code=2)
     except KeyboardInterrupt:

@@ -154,12 +154,26 @@ async def connect_provider(servers: str | Sequence[str], secret: bytes, *, name:
     )
 
 
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def _stop_on_signals(stop: Callable[[], None]) -> None:
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in _SIGNALS:
         try:
             loop.add_signal_handler(sig, stop)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals on this platform
+            pass
+
+
+def _default_signals() -> None:
+    """Hand the signals back before the loop closes: uvloop leaves a handler behind otherwise, which then swallows
+    SIGTERM for the rest of the process."""
+    loop = asyncio.get_running_loop()
+    for sig in _SIGNALS:
+        try:
+            loop.remove_signal_handler(sig)
+        except (NotImplementedError, RuntimeError):
             pass
 
 
@@ -211,15 +225,18 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         freeze_startup_heap()  # full GC passes over the start-up heap stalled publishing for 25-30 ms
         await agent.run()
     finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if launcher is not None:
-            await launcher.shutdown(stop_nodes=options.stop_nodes_on_exit)
-        await fleet.stop()
-        await publisher.close()
-        await nc.close()
-        if control is not None:
-            await control.close()
+        try:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if launcher is not None:
+                await launcher.shutdown(stop_nodes=options.stop_nodes_on_exit)
+            await fleet.stop()
+            await publisher.close()
+            await nc.close()
+            if control is not None:
+                await control.close()
+        finally:
+            _default_signals()  # only now: a signal during the shutdown above must not kill it halfway
 
 
 async def _accept_injections(nc: Client, source: object, host: str) -> None:
@@ -313,7 +330,10 @@ async def run_fleet_monitor(settings: Settings, options: MonitorOptions) -> None
         _stop_on_signals(on_signal)
         await asyncio.gather(monitor.run(nc), rendezvous.run(), micro.run(nc))
     finally:
-        await fleet.stop()
-        await publisher.close()
-        await nc.close()
-        await control.close()
+        try:
+            await fleet.stop()
+            await publisher.close()
+            await nc.close()
+            await control.close()
+        finally:
+            _default_signals()

@@ -205,7 +205,7 @@ def main(
     directory = state_dir if state_dir is not None else settings.data_dir / "controllers"
     try:
         return event_loop.run(
-            _serve(controllers, credentials, directory, resync_interval, ack_wait), loop=settings.event_loop
+            _serve(controllers, credentials, directory, resync_interval, ack_wait), choice=settings.event_loop
         )
     except ControllerError as exc:
         return _fail(str(exc), EXIT_RUNTIME)

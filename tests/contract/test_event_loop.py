@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import subprocess
 import sys
-import warnings
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from harmonaize import event_loop
 from harmonaize.event_loop import EventLoopUnavailableError, resolve_event_loop, run, running_loop_name
 from harmonaize.settings import Settings
 
-uvloop_supported = pytest.mark.skipif(sys.platform == "win32", reason="uvloop does not support Windows")
+uvloop_supported = pytest.mark.skipif(
+    sys.platform == "win32" or platform.python_implementation() != "CPython",
+    reason="uvloop is a dependency only on CPython outside Windows (pyproject.toml)",
+)
 
 
 async def _loop_seen() -> tuple[str, str]:
@@ -40,7 +43,7 @@ def test_uvloop_is_installed_with_the_project_and_auto_picks_it() -> None:
 
 
 def test_asyncio_runs_asyncio_s_own_loop_even_where_uvloop_is_installed() -> None:
-    module, name = run(_loop_seen(), loop="asyncio")
+    module, name = run(_loop_seen(), choice="asyncio")
     assert module.startswith("asyncio") and name == "asyncio"
 
 
@@ -56,10 +59,8 @@ def test_asking_for_uvloop_where_it_is_missing_says_so_and_runs_nothing(without_
         started.append(True)
 
     coroutine = main()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a coroutine left unawaited would warn when collected
-        with pytest.raises(EventLoopUnavailableError, match="uvloop is not installed"):
-            run(coroutine, loop="uvloop")
+    with pytest.raises(EventLoopUnavailableError, match="uvloop is not installed"):
+        run(coroutine, choice="uvloop")
     assert coroutine.cr_frame is None, "the coroutine is closed, not left pending"
     assert not started
 
@@ -92,6 +93,27 @@ def test_a_bad_value_is_one_line_naming_the_variable(tmp_path: Path) -> None:
     ]
 
 
-def test_the_module_imports_nothing_heavy() -> None:
-    """Every CLI imports it before deciding anything: it must stay as cheap as the stdlib."""
-    assert not {"uvloop", "nats", "fastapi", "torch"} & {name.split(".")[0] for name in vars(event_loop)}
+
+@pytest.mark.parametrize("setting", [None, "asyncio"])
+def test_the_controller_runs_on_the_loop_the_setting_names(tmp_path: Path, setting: str | None) -> None:
+    """`harmonaize controller run` logs the loop it runs on before it connects (nothing listens at these URLs)."""
+    expected = resolve_event_loop(setting or "auto")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HZ_")}
+    env.update(HZ_TENANT="acme", HZ_TENANT_TOKEN="token", HZ_TENANT_NATS_SEED="SUAEXAMPLE",
+               HZ_NATS_URL="nats://127.0.0.1:1", HZ_API_URL="http://127.0.0.1:1")
+    if setting is not None:
+        env["HZ_EVENT_LOOP"] = setting
+    script = tmp_path / "ctl.py"
+    script.write_text("from tenant_controllers import Controller\nctl = Controller(tenant='acme', job='j1')\n")
+    log = tmp_path / "controller.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tenant_controllers.cli", "run", str(script)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while "event loop:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f"event loop: {expected}" in log.read_text(), log.read_text()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

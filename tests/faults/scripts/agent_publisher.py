@@ -24,6 +24,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from harmonaize import event_loop
 from harmonaize.events import CarbonIntensity, make_event
 from harmonaize.subjects import tenant_event_subject
 from provider_agents.publisher import Backoff, JetStreamPublisher
@@ -99,4 +100,4 @@ if __name__ == "__main__":
     parser.add_argument("--resend-every", type=int, default=0)
     parser.add_argument("--drain-timeout", type=float, default=120.0)
     parser.add_argument("--out", required=True)
-    sys.exit(asyncio.run(main(parser.parse_args())))
+    sys.exit(event_loop.run(main(parser.parse_args())))  # the loop `harmonaize agent` runs on
