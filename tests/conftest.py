@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,27 @@ from broker_config.keys import ProviderKeys
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import render_accounts
 from broker_config.server import NatsServer
+from harmonaize.event_loop import resolve_event_loop
 
 PROVIDER_SECRET = b"test-provider-secret-0123456789abcdef"
 _NATS_SERVER = pytest.StashKey[NatsServer]()
+
+ON_BOTH_LOOPS = frozenset({"test_pull_stream.py", "test_agents_publisher.py", "test_real_broker.py"})
+"""Modules whose async tests also run on uvloop, the loop the shipped processes use where it is installed: the code
+that talks to the broker across reconnects and restarts (continuous pull, publish-until-acked, the runtime over a real
+broker), where two loops could differ in callback order or socket handling. The rest run on asyncio only; the CLI
+processes that tests start (controllers, agents, the fault tests' publishers) run on the default, i.e. uvloop."""
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+    if item.path.name in ON_BOTH_LOOPS and resolve_event_loop("auto") == "uvloop":
+        import uvloop
+
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
 
 
 @pytest.fixture(autouse=True)
