@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """API benchmark: the control plane's hot endpoints against a bare FastAPI + SQLAlchemy app, in one run.
 
-Two uvicorn servers, each in its own subprocess on a free loopback port (one worker, the event loop `HZ_EVENT_LOOP` names as
-the shipped API's (uvloop where installed), uvicorn's default HTTP implementation, no access log), loaded from this process at a fixed concurrency, one keep-alive connection per
-concurrent request: `httpx.AsyncClient`s by default, or `--client raw`, a minimal HTTP/1.1 client that needs ~10x
-less CPU (on 2 cores an httpx load generator takes CPU the server would otherwise get; see the CPU column):
+Two uvicorn servers, each in its own subprocess on a free loopback port (one worker; the event loop `HZ_EVENT_LOOP`
+names, as for the shipped API: uvloop where installed; uvicorn's default HTTP implementation; no access log), loaded
+from this process at a fixed concurrency, one keep-alive connection per concurrent request: `httpx.AsyncClient`s by
+default, or `--client raw`, a minimal HTTP/1.1 client that needs ~10x less CPU (on 2 cores an httpx load generator
+takes CPU the server would otherwise get; see the CPU column):
 
 * ours      `api.app.create_app(settings, broker=<in-memory broker>)` on a fresh SQLite database migrated with
             `api.migrate.upgrade_async` (so: WAL, synchronous=NORMAL, one pooled connection, as api/db.py makes it).
@@ -54,8 +55,8 @@ from typing import Any
 from _benchutil import (
     Deadline,
     clean_nan,
-    event_loop_choice,
     ensure_repo_on_path,
+    event_loop_choice,
     fmt,
     git_state,
     loadavg,

@@ -50,8 +50,8 @@ from typing import Any
 from _benchutil import (
     Deadline,
     clean_nan,
-    event_loop_choice,
     ensure_repo_on_path,
+    event_loop_choice,
     fmt,
     git_state,
     loadavg,

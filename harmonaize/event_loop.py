@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 __all__ = [
     "EVENT_LOOPS",
@@ -32,7 +32,7 @@ __all__ = [
 T = TypeVar("T")
 
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
-EVENT_LOOPS: tuple[EventLoopChoice, ...] = ("auto", "uvloop", "asyncio")
+EVENT_LOOPS: tuple[EventLoopChoice, ...] = get_args(EventLoopChoice)
 
 
 class EventLoopUnavailableError(ValueError):
