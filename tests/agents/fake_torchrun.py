@@ -1,4 +1,4 @@
-#!/work/main/.venv/bin/python
+#!/usr/bin/env python3
 """A stand-in for `python -m torch.distributed.run` in the node launcher's fast tests: records how it was started,
 spawns one "worker" child (like torchrun, in its own session), and on SIGTERM exits 0 after `HZ_FAKE_STOP_S`
 (the time a real job takes to agree on a step and checkpoint). Run as `fake_torchrun.py -m torch.distributed.run ...`.

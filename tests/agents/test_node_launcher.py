@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import signal
 import sys
 from datetime import UTC, datetime
@@ -56,8 +57,17 @@ class Rig:
         self.endpoint: str | None = "127.0.0.1:29999"
 
     def launcher(self) -> NodeLauncher:
-        self.config = LauncherConfig(**{**self.config.__dict__, "python": str(FAKE)})
+        self.config = LauncherConfig(**{**self.config.__dict__, "python": str(self._fake_python())})
         return NodeLauncher(self.config, secret=SECRET, endpoints=self._endpoint, on_progress=self._progress)
+
+    def _fake_python(self) -> Path:
+        """An executable that runs the stand-in under this interpreter: the launcher execs `python -m ...`, and a
+        shebang would tie the repo to one machine's interpreter path."""
+        wrapper = self.record.parent / "fake-python"
+        if not wrapper.exists():
+            wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE))} "$@"\n')
+            wrapper.chmod(0o755)
+        return wrapper
 
     async def _endpoint(self, tenant: str, job: str) -> str | None:
         return self.endpoint
@@ -73,7 +83,6 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Rig:
-    FAKE.chmod(0o755)
     return Rig(tmp_path, monkeypatch)
 
 
@@ -115,7 +124,6 @@ async def test_a_new_epoch_stops_gracefully_then_starts_and_leaves_no_orphans(ri
 
 
 async def test_an_immediate_restart_does_not_wait_for_the_grace_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    FAKE.chmod(0o755)
     rig = Rig(tmp_path, monkeypatch, stop_s=30.0)  # a job that would take 30 s to stop gracefully
     launcher = rig.launcher()
     await _converge(launcher, _assignment(_job(epoch=1)))
