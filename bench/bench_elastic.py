@@ -19,8 +19,8 @@ timed by the same clock at the same point.
   tenant's `failure` event in the same check).
 * **torchrun alone**: plain `torch.distributed.run` nodes, `--rdzv-backend=c10d`, default rendezvous settings
   (`last_call_timeout` 30 s, keep-alive 5 s x 3, join 600 s), `--max-restarts=3` (the launcher's; torchrun's default 0
-  ends the job at the first worker failure instead of recovering), `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (NOTES trap 1).
-  The first node started hosts the rendezvous store, and is never the victim (NOTES trap 4: killing it ends the
+  ends the job at the first worker failure instead of recovering), `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (docs/building-blocks.md, torchrun trap 1).
+  The first node started hosts the rendezvous store, and is never the victim (torchrun trap 4: killing it ends the
   job), so the baseline gets its favourable case. Job 1 (`--nnodes=1:3`): 2 nodes, then **(a)** a third node
   started. Job 2 (`--nnodes=1:2`, so that its launch does not wait out the 30 s last call; the survivor of a failure
   waits the same with 1:2 or 1:3, since 1 < max either way): 2 nodes; **(b) kill** of the second node; a node

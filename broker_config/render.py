@@ -1,6 +1,6 @@
 """Render nats-server configuration from the tenant registry.
 
-Isolation comes from accounts, not from per-user permissions (NOTES.md: inside one account, a user allowed to create
+Isolation comes from accounts, not from per-user permissions (docs/building-blocks.md: inside one account, a user allowed to create
 JetStream consumers can read any subject). The layout:
 
 * `PROVIDER` holds one events stream per tenant, `HZ_T_<tenant>` over `hz.t.<tenant>.>`, and all `hz.p.>` traffic.
@@ -116,7 +116,7 @@ _PERIOD = re.compile(r"[1-9][0-9]{0,5}(ms|s|m)")
 def check_sync_interval(value: str) -> str:
     """`always`, or a period nats-server accepts (`500ms`, `10s`, `2m`); anything else is refused before rendering.
 
-    Trade-off (NOTES.md): with `always` an acknowledged event survives an OS crash or power loss of the broker's host,
+    Trade-off (docs/building-blocks.md): with `always` an acknowledged event survives an OS crash or power loss of the broker's host,
     at the price of one fsync per stored event (its latency and jitter are the disk's); with a period, acknowledged
     events of the last period can be lost in such a crash (a process crash or restart loses nothing either way, the
     page cache survives it). A replicated stream (the `cluster` profile) also holds each event on other hosts, but
@@ -170,7 +170,7 @@ def render_server(opts: ServerOptions) -> str:
         f"max_payload: {opts.max_payload}",
         "jetstream {",
         f"  store_dir: {json.dumps(str(opts.store_dir))}",
-        # Acknowledged writes survive an OS crash only when each write is fsynced (NOTES.md, Jepsen 2025).
+        # Acknowledged writes survive an OS crash only when each write is fsynced (docs/building-blocks.md).
         # A period must be a quoted string: nats-server reads a bare `2m` as the number 2,000,000.
         f"  sync_interval: {_sync_value(opts.sync_interval)}",
         "}",

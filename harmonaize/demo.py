@@ -1,4 +1,4 @@
-"""`harmonaize demo`: the story of DESIGN.md told by the real system, in under three minutes.
+"""`harmonaize demo`: the demo story told by the real system, in under three minutes.
 
 A fresh local cloud (broker, API, four simulated hosts in two locality groups, the provider's loops) lives through a
 scripted scenario while a real training job runs and the three example tenant controllers react to its events:

@@ -2,7 +2,7 @@
 
 Tenant events matter (a lost `failure` means a job hangs on a rendezvous timeout), so each one is published with
 `js.publish` and retried, with capped exponential backoff, until its PubAck arrives. A core-NATS publish during a
-reconnect can be silently lost (NOTES.md); a JetStream publish without an ack is simply retried. Each attempt carries
+reconnect can be silently lost (docs/building-blocks.md); a JetStream publish without an ack is simply retried. Each attempt carries
 `Nats-Msg-Id` = the CloudEvent id, so an attempt that was stored but whose ack was lost is not stored twice (within
 the stream's duplicate window; consumers also dedup by id, since delivery is at-least-once).
 

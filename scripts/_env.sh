@@ -14,6 +14,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install --quiet --upgrade pip
   # The CPU build of PyTorch first: a bare 'torch' requirement would pull a multi-GB CUDA build.
   python -m pip install --quiet "torch==2.13.0"
-  python -m pip install --quiet -e ".[test]"
+  # setuptools announces every editable install of a multi-package project with a screen of text; it is not a
+  # problem of ours, and hiding it keeps real warnings visible.
+  PYTHONWARNINGS="ignore:Editable installation:UserWarning" python -m pip install --quiet -e ".[test]"
   echo "$want" > "$stamp"
 fi

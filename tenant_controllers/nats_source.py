@@ -5,7 +5,7 @@ broker_config/render.py), so `open` asks the control plane (`PUT /v1/event-consu
 and then pulls from it through the JetStream API the tenant account imports under `js_api_prefix`, with a continuous
 pull (`PullStream`: demand always outstanding) rather than nats-py's request-per-batch `fetch`.
 
-Traps handled here (NOTES.md): the broker reports permission problems only through `error_cb`, so errors are logged,
+Traps handled here (docs/building-blocks.md): the broker reports permission problems only through `error_cb`, so errors are logged,
 never silently dropped; acks are plain publishes to `$JS.ACK...` (allowed for tenant users), so an ack can be lost and
 the event redelivered, which the runtime's de-duplication absorbs; the connection reconnects forever, a reconnect
 re-issues the pull requests (the old ones died with the connection), and `fetch` turns every transient broker

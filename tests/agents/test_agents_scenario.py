@@ -123,7 +123,7 @@ def test_bad_durations(bad: object) -> None:
 
 
 async def test_the_shipped_demo_scenario_plays_through() -> None:
-    """The demo fleet's file loads and, over its 6 minutes, tells each tenant what DESIGN.md's story needs."""
+    """The demo fleet's file loads and, over its 6 minutes, tells each tenant what the demo's story needs."""
     from provider_agents.agent import Agent, AgentConfig
     from provider_agents.clock import ManualClock
     from provider_agents.telemetry import SimulatedHost

@@ -53,3 +53,21 @@ def test_no_tracked_file_names_this_checkout() -> None:
         if here in path.read_text(errors="replace")
     ]
     assert not offenders, f"files naming the absolute path {here}: {offenders}"
+
+
+
+def test_no_tracked_file_points_outside_the_clone() -> None:
+    """A user's clone has only the repository: every document the code or docs cite must be in it. Tests and CI may
+    use the workplace's shared tools where present (and skip without them), so only they may name that folder."""
+    documents = ("DESIGN" + ".md", "NOTES" + ".md")
+    shared = "../" + "shared"
+    offenders = []
+    for path in _tracked_text_files():
+        if path.resolve() == Path(__file__).resolve():
+            continue
+        text = path.read_text(errors="replace")
+        relative = path.relative_to(ROOT)
+        offenders += [f"{relative} names {name}" for name in documents if name in text]
+        if shared in text and relative.parts[0] not in ("tests", ".ci"):
+            offenders.append(f"{relative} names {shared}")
+    assert not offenders, "\n".join(offenders)

@@ -59,7 +59,7 @@ class LiveCloud:
         }
 
     async def publish(self, event: CloudEvent[Any], *, msg_id: str | None = None) -> None:
-        """Publish as the provider; retried until the stream acknowledges it (NOTES.md: core publishes can be lost)."""
+        """Publish as the provider; retried until the stream acknowledges it (core publishes can be lost: docs/building-blocks.md)."""
         subject = tenant_event_subject(self.tenant, event.data.KIND, event.subject)
         headers = {"Nats-Msg-Id": msg_id or event.id, "Content-Type": "application/cloudevents+json"}
         for _ in range(200):

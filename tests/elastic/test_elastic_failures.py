@@ -19,7 +19,7 @@ from tests.elastic.harness import ElasticCloud, mlp_job, wait_for
 pytestmark = pytest.mark.timeout(300)
 
 RECOVERY_BUDGET_S = 25.0
-"""From the failure to the first step after it: 3 missed heartbeats (3 s), then the restart (NOTES: ~2-3 s), with
+"""From the failure to the first step after it: 3 missed heartbeats (3 s), then the restart (~2-3 s), with
 room for a loaded 2-core CI machine. The bench measures the real figure beside torchrun alone."""
 
 
