@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
-from pydantic import AwareDatetime, StringConstraints
+from pydantic import StringConstraints
 
 from api.deps import CurrentTenant, NegotiationContextDep, SessionDep, WakeRelayDep
 from api.schemas import AcceptBody, CloseBody, NegotiationPage, NegotiationPublic
@@ -19,6 +19,7 @@ from api.services.negotiation_history import MAX_PAGE, HistoryFilter, get_negoti
 from api.services.negotiation_store import public, summary
 from harmonaize.ids import JobId
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms
+from harmonaize.times import UtcDatetime
 
 router = APIRouter(tags=["negotiations"])
 
@@ -61,8 +62,8 @@ async def list_tenant_negotiations(
     job: Annotated[JobId | None, Query()] = None,
     state: Annotated[NegotiationState | None, Query()] = None,
     kind: Annotated[NegotiationKind | None, Query()] = None,
-    since: Annotated[AwareDatetime | None, Query(description="Created at or after (RFC 3339 with offset).")] = None,
-    until: Annotated[AwareDatetime | None, Query(description="Created before (RFC 3339 with offset).")] = None,
+    since: Annotated[UtcDatetime | None, Query(description="Created at or after (RFC 3339 with offset).")] = None,
+    until: Annotated[UtcDatetime | None, Query(description="Created before (RFC 3339 with offset).")] = None,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
 ) -> NegotiationPage:

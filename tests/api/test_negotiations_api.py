@@ -21,7 +21,7 @@ from api.services.sweeper import sweep_once
 from harmonaize.desired_state import HostAssignment
 from harmonaize.events import NegotiationUpdate, parse_event_as
 from harmonaize.negotiation import NegotiationState, RoundAction
-from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
+from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job, field_names
 from tests.api.negotiation_kit import act, ledger_totals, negotiate, outbox
 
 
@@ -291,3 +291,15 @@ async def test_history_filters_and_cursor_pages(
                 {"since": "2026-03-01T12:00:00"}, {"state": "pending"}):
         response = await client.get("/v1/negotiations", params=bad, headers=demo.headers)
         assert response.status_code == 422 and response.json()["reason"], bad
+
+
+async def test_history_times_are_rfc3339_only_and_a_number_is_a_422_naming_the_field(
+    client: httpx.AsyncClient, demo: TenantHandle
+) -> None:
+    for name in ("since", "until"):
+        for bad in ("0.5", "1767225600", "2026-03-01", "2026-03-01T12:00:00"):
+            response = await client.get("/v1/negotiations", params={name: bad}, headers=demo.headers)
+            assert response.status_code == 422, (name, bad, response.text)
+            assert field_names(response) == {f"query.{name}"} and f"query.{name}" in response.json()["reason"]
+        fine = await client.get("/v1/negotiations", params={name: "2026-03-01T13:00:00+01:00"}, headers=demo.headers)
+        assert fine.status_code == 200, fine.text
