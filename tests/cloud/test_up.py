@@ -116,3 +116,17 @@ def test_taken_ports_and_bad_config_give_one_clear_line(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "HZ_API_PORT" in bad.stderr, bad.stderr
+
+
+def test_plain_up_is_a_quiet_cloud(cloud: RunningCloud, tmp_path: Path) -> None:
+    """Without --demo or --scenario the hosts replay no episode (no failure, prediction, congestion or maintenance):
+    the scenario the agents were given says so; scenarios come when asked."""
+    from provider_agents.telemetry.scenario import load_scenario
+
+    given = load_scenario(cloud.data_dir / "scenario.yaml")
+    assert set(given.hosts) == {"h1", "h2", "h3", "h4"}
+    episodes = {
+        "failures": given.failures, "predicted_failures": given.predicted_failures,
+        "congestion": given.congestion, "maintenance": given.maintenance,
+    }
+    assert not any(episodes.values()), episodes
