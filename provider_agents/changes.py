@@ -12,6 +12,12 @@ state it let through and passes an event only when it is news:
 | maintenance | a notice appears or its status or window changes                           |
 | carbon      | the intensity changed, or `carbon_every` ticks passed since the last one    |
 
+Only carbon is ever re-sent unchanged, as a deliberate refresh every `carbon_every` ticks. A failure or notice
+that persists, or that the source reports again, is never re-sent: the projection gives each slot one value per
+tick that depends only on the conditions present (see `projection`), so a repeat compares equal. The tracker
+refuses a tick with two events for one slot: it keeps one value per slot, so each of the two would look new on
+every tick. A failure that ends is not announced.
+
 The all-clear (`level: none`, slowdown 1.0) is made here because the projection cannot see a link that is no longer
 congested; it reuses the ended event's source, job and group pseudonyms, so it too contains only tenant-facing values.
 When a job leaves the host its memory is dropped without a word: the job is no longer this host's business.
@@ -67,6 +73,7 @@ class ChangeTracker:
         self, current: Sequence[TenantEvent], *, jobs: Iterable[tuple[str, str]], now: datetime
     ) -> list[TenantEvent]:
         """The events to publish this tick, given the full current state of the `jobs` on this host."""
+        _one_event_per_slot(current)
         self._tick += 1
         here = set(jobs)
         self._published = {k: v for k, v in self._published.items() if (k[0], k[1]) in here}
@@ -94,6 +101,15 @@ class ChangeTracker:
     def forget(self) -> None:
         """Drop all memory (nothing is on this host any more, or the agent wants to re-announce)."""
         self._published.clear()
+
+
+def _one_event_per_slot(current: Sequence[TenantEvent]) -> None:
+    seen: set[tuple[str, str, str]] = set()
+    for item in current:
+        slot = (item.tenant, item.job, item.slot)
+        if slot in seen:
+            raise ValueError(f"two events for slot {item.slot!r} of {item.tenant}/{item.job} in one tick")
+        seen.add(slot)
 
 
 def _all_clear(ended: TenantEvent, now: datetime) -> TenantEvent:

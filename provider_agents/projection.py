@@ -29,7 +29,11 @@ first. Every agent computes the same answer from the shared desired state, and c
 internal name keeps the choice from revealing how the provider names its hosts.
 
 Events carry fresh UUIDv7 ids; `TenantEvent.slot` names which piece of state an event is the latest value of
-(built from tenant-facing values only), so `changes.ChangeTracker` can publish only what changed.
+(built from tenant-facing values only), so `changes.ChangeTracker` can publish only what changed. A projection has
+at most one event per slot and job, and its value is a function of the snapshot alone: when several raw signals land
+on one slot (the same failure reported twice, two failures a tenant cannot tell apart, one notice id listed twice),
+a fixed order picks the one the tenant sees. Otherwise the slot's value would alternate within a tick, and every tick
+would look like news.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import combinations
-from typing import Any
+from typing import Any, TypeVar
 
 from harmonaize.desired_state import HostAssignment
 from harmonaize.events import (
@@ -61,6 +65,7 @@ from harmonaize.events import (
     GroupLink,
     LocalityGroup,
     Maintenance,
+    MaintenanceStatus,
     MaintenanceWindow,
     Severity,
     Topology,
@@ -339,8 +344,52 @@ def _severity(signal: FailureSignal, now: datetime) -> Severity:
     return Severity.CRITICAL if urgent else Severity.WARNING
 
 
+_SEVERITY_FIRST = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+_STATUS_FIRST = {
+    MaintenanceStatus.COMPLETED: 0,
+    MaintenanceStatus.CANCELLED: 0,
+    MaintenanceStatus.STARTED: 1,
+    MaintenanceStatus.SCHEDULED: 2,
+}
+
+
+def _failure_order(data: Failure) -> tuple[Any, ...]:
+    """Which of the failures on one slot the tenant sees: the most urgent, and of equals the oldest.
+
+    A condition then keeps its first `detected_at` however often it is reported again, and a second failure the
+    tenant cannot tell apart becomes news only when the first one ends. Every field that can differ within a slot
+    is in the key, so the choice never depends on the order of the signals.
+    """
+    far = datetime.max.replace(tzinfo=data.detected_at.tzinfo)
+    return (_SEVERITY_FIRST[data.severity], data.eta or far, -(data.confidence or 0.0), data.detected_at)
+
+
+def _maintenance_order(data: Maintenance) -> tuple[Any, ...]:
+    """Which of the notices under one id the tenant sees: the furthest along, then the earliest window.
+
+    Furthest along first keeps what the tenant sees of a notice moving forward, as the contract promises.
+    """
+    window = data.window
+    status = (_STATUS_FIRST[data.status], data.status.value)
+    return (*status, window.not_before, window.not_after, data.kind.value, data.early_approval)
+
+
+_Data = TypeVar("_Data", bound=EventData)
+
+
+def _one_per_slot(
+    view: _JobView, candidates: Iterable[tuple[str, _Data]], order: Callable[[_Data], tuple[Any, ...]]
+) -> list[TenantEvent]:
+    """One event per slot, the first of its candidates by `order`; events ordered by slot."""
+    chosen: dict[str, _Data] = {}
+    for slot, data in candidates:
+        if slot not in chosen or order(data) < order(chosen[slot]):
+            chosen[slot] = data
+    return [view.event(chosen[slot], slot) for slot in sorted(chosen)]
+
+
 def _failures(view: _JobView, failures: Iterable[FailureSignal]) -> list[TenantEvent]:
-    events = []
+    candidates = []
     for signal in failures:
         reason = public_reason(signal.reason)
         data = Failure(
@@ -354,12 +403,12 @@ def _failures(view: _JobView, failures: Iterable[FailureSignal]) -> list[TenantE
             reason=reason,
         )
         gpu = "host" if signal.gpu_index is None else str(signal.gpu_index)
-        events.append(view.event(data, f"failure:{signal.kind.value}:{gpu}:{reason or '-'}"))
-    return events
+        candidates.append((f"failure:{signal.kind.value}:{gpu}:{reason or '-'}", data))
+    return _one_per_slot(view, candidates, _failure_order)
 
 
 def _maintenance(view: _JobView, telemetry: HostTelemetry) -> list[TenantEvent]:
-    events = []
+    candidates = []
     for notice in telemetry.maintenance:
         notice_id = notice_pseudonym(view.secret, view.tenant, notice.notice_id)
         data = Maintenance(
@@ -370,8 +419,8 @@ def _maintenance(view: _JobView, telemetry: HostTelemetry) -> list[TenantEvent]:
             hosts=(view.hosts[view.here],),
             early_approval=notice.early_approval,
         )
-        events.append(view.event(data, f"maintenance:{notice_id}"))
-    return events
+        candidates.append((f"maintenance:{notice_id}", data))
+    return _one_per_slot(view, candidates, _maintenance_order)
 
 
 def _carbon(view: _JobView, telemetry: HostTelemetry) -> list[TenantEvent]:
