@@ -61,6 +61,9 @@ congestion:
   - {groups: [g1, g2], link: spine-1:eth7, start: 120s, duration: 600s, slowdown: 2.5}
 """
 KILL_AT_S = 90.0
+KILLED_HOST = "h2"
+HOST_RETURN_S = 60.0
+"""How long a restarted agent may take to heartbeat and its host to be reported up again."""
 DEADLINE_S = 170.0
 
 
@@ -104,8 +107,10 @@ class DemoStory:
         summary_json: Path | None = None,
         live: bool | None = None,
         done_marker: Path | None = None,
+        hand_over: bool = False,
     ) -> None:
         self.done_marker = done_marker
+        self.hand_over = hand_over
         self.console = console
         self.summary_json = summary_json
         self.live = console.is_terminal if live is None else live
@@ -144,7 +149,10 @@ class DemoStory:
                     except subprocess.TimeoutExpired:
                         proc.kill()
             await self._collect(tenant)
-        self._report()
+            self._report()
+            if self.hand_over:
+                await self._give_the_cloud_back(admin, fleet)
+                self._next_steps(info)
 
     # -- setting the stage ---------------------------------------------------------------------------------------
 
@@ -222,9 +230,9 @@ class DemoStory:
                 self.summary.scale_up = any(entry["world_size"] >= 3 for entry in timeline)
                 if killed_at is None and elapsed >= KILL_AT_S and progress is not None:
                     kill_epoch = progress["epoch"]
-                    fleet.kill_host("h2")
+                    fleet.kill_host(KILLED_HOST)
                     killed_at = time.monotonic()
-                    self._say(f"h2 failed (killed at t={elapsed:.0f} s, job at step {progress['step']})")
+                    self._say(f"{KILLED_HOST} failed (killed at t={elapsed:.0f} s, job at step {progress['step']})")
                 if killed_at is not None and not self.summary.recovered and progress is not None:
                     if progress["epoch"] > (kill_epoch or 0) and progress["step"] > (progress["resumed_from_step"] or 0):
                         self.summary.recovered = True
@@ -272,6 +280,44 @@ class DemoStory:
             {"version": d["version"], "state": d["state"], "reason": d["reason"], "refusals": d["refusals"]}
             for d in reversed(directives)
         ]
+
+    # -- after the story -----------------------------------------------------------------------------------------
+
+    async def _give_the_cloud_back(self, admin: httpx.AsyncClient, fleet: LocalFleet) -> None:
+        """Leave the cloud as a fresh one for the README's next steps: the story's jobs release their workers (the
+        jobs and their history stay), and the host the story killed comes back once its agent heartbeats again."""
+        for tenant, job in ((NEIGHBOUR, "batch-eval"), ("demo", JOB)):
+            reply = await admin.get("/v1/allocations", params={"tenant_id": tenant, "job_id": job})
+            _expect(reply, 200)
+            for allocation in reply.json():
+                released = await admin.delete(f"/v1/allocations/{allocation['id']}")
+                if released.status_code != 409:  # 409: released meanwhile, which is the aim anyway
+                    _expect(released, 200)
+        fleet.start_agent(KILLED_HOST)
+        deadline = time.monotonic() + HOST_RETURN_S
+        while True:
+            reply = await admin.get("/v1/hosts")
+            _expect(reply, 200)
+            hosts = {host["id"]: host for host in reply.json()}
+            if all(host["down_at"] is None and host["free_gpus"] == host["gpus"] for host in hosts.values()):
+                break
+            if time.monotonic() > deadline:
+                busy = sorted(h for h, host in hosts.items() if host["down_at"] or host["free_gpus"] != host["gpus"])
+                raise RuntimeError(f"the demo could not give the cloud back within {HOST_RETURN_S:.0f} s: {busy}")
+            await asyncio.sleep(0.5)
+        self._say(f"{KILLED_HOST} is back and the story's jobs released their workers: every host is free")
+
+    def _next_steps(self, info: LocalCloudInfo) -> None:
+        tenant_env = info.tenant_env_file or info.data_dir / "tenant-demo.env"
+        self.console.print(
+            "\n[bold]Next[/] (README.md, \"Your first tenant controller\"), in another shell:\n"
+            f"  source {tenant_env}\n"
+            "  harmonaize jobs list                      # the demo's job, its timeline and negotiations stay\n"
+            "  harmonaize negotiations list --job llm-finetune\n"
+            "  curl -s -X POST \"$HZ_API_URL/v1/jobs\" ...     # submit your own job, then run a controller\n"
+            f"  (source {info.admin_env_file} && harmonaize scenario run FILE.yaml)   # inject failures or congestion\n"
+            "The cloud keeps running; Ctrl-C stops it."
+        )
 
     # -- output --------------------------------------------------------------------------------------------------
 
