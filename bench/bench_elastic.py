@@ -33,8 +33,9 @@ Breakdown columns come from the same logs (torchrun's agents run with `LOGLEVEL=
 (re)started; rank 0's "ready at step" marks the worker's start-up done: process, `import torch`, process group,
 checkpoint load).
 
-Every process started here carries an `HZ_NODE_ID` marker beginning with `hzb<pid>-` (our nodes too: their hosts are
-named `hzb<pid>-hN`); on exit, error, SIGINT or SIGTERM every process carrying it is sent SIGCONT and SIGKILL.
+Every process started here carries an `HZ_NODE_ID` marker beginning with `hzb<pid>-`, or, for our nodes, with the id
+of this run's provider (`<cloud>.hzb<pid>-hN.`, the cloud id derived from its fresh secret and data dir); on exit,
+error, SIGINT or SIGTERM every process carrying either is sent SIGCONT and SIGKILL.
 
 Run from the repository root: `python bench/bench_elastic.py` (~4.5 min quiet, ~5.5 busy), `--repeat N` (each repeat
 as long again), `--json PATH`. No timed assertions: it prints figures.
@@ -81,10 +82,12 @@ ensure_repo_on_path()
 import httpx  # noqa: E402
 
 from harmonaize.job_runtime import ENV_NODE_MARKER  # noqa: E402
+from provider_agents.markers import cloud_id, host_prefix  # noqa: E402
 from provider_agents.processes import marked_processes  # noqa: E402
 
 TAG = f"hzb{os.getpid()}"
-"""Prefix of the `HZ_NODE_ID` marker of every process this run starts (and of our simulated hosts' ids)."""
+"""Prefix of the `HZ_NODE_ID` marker of every process this run starts but our nodes (theirs: `CLOUDS`), and of our
+simulated hosts' ids."""
 ADMIN_TOKEN = "bench-elastic-admin-" + secrets.token_hex(12)
 TENANT = "acme"
 JOB = "train"
@@ -213,9 +216,14 @@ class LogWatcher:
 # -- processes --------------------------------------------------------------------------------------------------------
 
 
+CLOUDS: list[str] = []
+"""The cloud ids of this run's providers: their nodes' markers begin with `<cloud>.` instead of the run's tag."""
+
+
 def reap(signal_first: bool = True) -> list[int]:
-    """SIGCONT + SIGKILL every process carrying this run's marker (never this process)."""
-    pids = [pid for pid in marked_processes(f"{TAG}-", prefix=True) if pid != os.getpid()]
+    """SIGCONT + SIGKILL every process carrying this run's marker or its providers' (never this process)."""
+    prefixes = [f"{TAG}-", *(f"{cloud}." for cloud in CLOUDS)]
+    pids = sorted({pid for prefix in prefixes for pid in marked_processes(prefix, prefix=True) if pid != os.getpid()})
     for sig in (signal.SIGCONT, signal.SIGKILL) if signal_first else (signal.SIGKILL,):
         for pid in pids:
             try:
@@ -351,6 +359,8 @@ class Provider:
         self.data_dir = data_dir
         self.hosts = {f"{TAG}-h{i + 1}": GROUPS[i % len(GROUPS)] for i in range(hosts)}
         self.secret = secrets.token_hex(24).encode()
+        self.cloud = cloud_id(self.secret, data_dir)  # what its agents derive from HZ_PROVIDER_SECRET and HZ_DATA_DIR
+        CLOUDS.append(self.cloud)
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.others: list[subprocess.Popen[bytes]] = []
         self.frozen: set[str] = set()
@@ -427,14 +437,15 @@ class Provider:
     def host_pids(self, host: str) -> list[int]:
         """The agent and every process carrying the host's marker (its node, its warm torchrun agent)."""
         agent = self.agents[host]
-        return ([agent.pid] if agent.poll() is None else []) + marked_processes(f"{host}.", prefix=True)
+        nodes = marked_processes(host_prefix(self.cloud, host), prefix=True)
+        return ([agent.pid] if agent.poll() is None else []) + nodes
 
     def kill_host(self, host: str) -> float:
         """The machine dies: SIGKILL the agent and every process of its node; returns the moment it began."""
         pids = self.host_pids(host)
         began = time.time()
         signal_pids(pids, signal.SIGKILL)
-        signal_pids(marked_processes(f"{host}.", prefix=True), signal.SIGKILL)  # anything forked meanwhile
+        signal_pids(marked_processes(host_prefix(self.cloud, host), prefix=True), signal.SIGKILL)  # forked meanwhile
         self.killed.add(host)
         return began
 
@@ -448,7 +459,7 @@ class Provider:
     async def close(self) -> None:
         # nodes first (no graceful checkpoint wanted), then the processes, then the API, the bus and the broker
         for host in self.hosts:
-            pids = marked_processes(f"{host}.", prefix=True)
+            pids = marked_processes(host_prefix(self.cloud, host), prefix=True)
             signal_pids(pids, signal.SIGCONT)
             signal_pids(pids, signal.SIGKILL)
         procs = [*self.agents.values(), *self.others]

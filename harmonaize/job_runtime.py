@@ -52,7 +52,8 @@ __all__ = [
 ENV_RUN_SPEC = "HZ_RUN_SPEC"
 """Path of the `WorkerSpec` JSON; absent when a script runs under plain torchrun (then the runtime uses defaults)."""
 ENV_NODE_MARKER = "HZ_NODE_ID"
-"""Set on every process of a launched node (`<host>.<tenant>.<job>.<epoch>`): how a launcher finds orphaned workers."""
+"""Set on every process of a launched node (`<cloud>.<host>.<tenant>.<job>.e<epoch>`): how a launcher finds orphaned
+workers, and only its own cloud's."""
 CONTROL_DIRECTIVES_FILE = "directives.json"
 CONTROL_PROGRESS_FILE = "progress.json"
 

@@ -36,6 +36,7 @@ from broker_config.render import render_accounts
 from broker_config.server import NatsServer, PortInUseError, port_is_free
 from harmonaize.local_fleet import DEFAULT_SCENARIO, LocalFleet, pin_scenario, register_hosts, scenario_hosts
 from harmonaize.settings import Settings
+from provider_agents.markers import cloud_id
 from provider_agents.telemetry.scenario import BUILTIN_TRACE_NAMES, ScenarioError, load_scenario
 
 DEMO_TENANT = "demo"
@@ -299,15 +300,21 @@ def _start_fleet(
     *,
     start: datetime,
 ) -> LocalFleet:
-    """The fleet's processes, configured like the API (same secret and admin token) and all in step on one scenario."""
+    """The fleet's processes, configured like the API (same secret and admin token) and all in step on one scenario.
+
+    The agents derive the cloud id from the secret and data dir they are given here; the fleet is handed the same id,
+    so stopping or killing its hosts reaches only this cloud's node processes."""
     assert settings.admin_token is not None
     pinned = pin_scenario(scenario, settings.data_dir / "scenario.yaml", start=start, hosts=hosts)
+    data_dir = settings.data_dir.resolve()
     env = {
         "HZ_PROVIDER_SECRET": secret.decode(),
         "HZ_ADMIN_TOKEN": settings.admin_token.get_secret_value(),
         "HZ_API_URL": api_url,
         "HZ_NATS_URL": nats_url,
-        "HZ_DATA_DIR": str(settings.data_dir.resolve()),
+        "HZ_DATA_DIR": str(data_dir),
         "OMP_NUM_THREADS": "1",
     }
-    return LocalFleet(data_dir=settings.data_dir, env=env, scenario=pinned, hosts=hosts)
+    return LocalFleet(
+        data_dir=settings.data_dir, env=env, scenario=pinned, hosts=hosts, cloud=cloud_id(secret, data_dir)
+    )

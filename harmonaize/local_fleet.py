@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from provider_agents.markers import host_prefix
 from provider_agents.processes import signal_marked
 
 __all__ = ["DEFAULT_SCENARIO", "LocalFleet", "fleet_of", "pin_scenario", "register_hosts", "scenario_hosts"]
@@ -90,6 +91,8 @@ class LocalFleet:
     env: dict[str, str]
     scenario: Path
     hosts: dict[str, tuple[str, int]]
+    cloud: str
+    """The cloud id its agents derive (`markers.cloud_id`): host kills reach only this cloud's node processes."""
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
@@ -126,7 +129,7 @@ class LocalFleet:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-        signal_marked(f"{host}.", signal.SIGKILL, prefix=True)
+        signal_marked(host_prefix(self.cloud, host), signal.SIGKILL, prefix=True)
 
     def stop(self, *, timeout_s: float = 40.0) -> None:
         """SIGTERM everything (agents stop their nodes, which checkpoint), then kill what is left."""
@@ -142,4 +145,4 @@ class LocalFleet:
                 proc.kill()
                 proc.wait()
         for host in self.hosts:
-            signal_marked(f"{host}.", signal.SIGKILL, prefix=True)
+            signal_marked(host_prefix(self.cloud, host), signal.SIGKILL, prefix=True)

@@ -3,7 +3,8 @@
 Level-triggered, like the rest of the agent: every pass compares what runs with what the host's assignment asks
 for and converges, so a restarted agent adopts the nodes that are still healthy instead of restarting them (each
 node's pid and spec are kept in `<work_dir>/jobs/<tenant>.<job>/node.json`; a process is only adopted if it still
-carries the node's environment marker, so a recycled pid is never mistaken for a node).
+carries the node's environment marker, so a recycled pid is never mistaken for a node, and only if that marker is
+this cloud's: another cloud on the machine may run nodes of the same host, tenant and job names).
 
 A node is keyed by its *epoch* (and size, plan, entrypoint, rendezvous endpoint). The control plane bumps a job's
 epoch whenever its node set or plan changes, and every host of the job restarts its node into a fresh rendezvous
@@ -52,6 +53,7 @@ from harmonaize.job_runtime import (
     write_model_atomically,
 )
 from harmonaize.pseudonyms import locality_pseudonym
+from provider_agents.markers import host_prefix, node_marker
 from provider_agents.processes import alive, marked_processes, signal_marked
 from provider_agents.warm_torchrun import WarmTorchrun, node_env
 
@@ -71,6 +73,8 @@ class LauncherConfig:
     host: str
     work_dir: Path
     checkpoint_root: Path
+    cloud: str
+    """This cloud's id (`markers.cloud_id`): every marker begins with it, so no other cloud's processes are touched."""
     python: str = sys.executable
     grace_s: float = 30.0
     max_restarts: int = 3
@@ -150,7 +154,7 @@ class NodeLauncher:
         return self.config.work_dir / "jobs" / f"{tenant}.{job}"
 
     def _marker(self, spec: NodeSpec) -> str:
-        return f"{self.config.host}.{spec.marker_suffix}"
+        return node_marker(self.config.cloud, self.config.host, spec.marker_suffix)
 
     def _adopt_existing(self) -> None:
         jobs_dir = self.config.work_dir / "jobs"
@@ -164,6 +168,11 @@ class NodeLauncher:
                 agent_marker = state.get("agent_marker")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring unreadable node state %s: %r", state_file, exc)
+                continue
+            mine = host_prefix(self.config.cloud, self.config.host)
+            if not all(isinstance(m, str) and m.startswith(mine) for m in (marker, agent_marker or marker)):
+                log.warning("not adopting node %s of %s: its marker is not this cloud's host's (%s...)",
+                            marker, state_file, mine)
                 continue
             if pid in marked_processes(agent_marker or marker):
                 self._nodes[(spec.tenant, spec.job)] = _Node(
@@ -369,7 +378,7 @@ class NodeLauncher:
 
     async def _make_warm(self) -> None:
         self._warm_count += 1
-        marker = f"{self.config.host}.warm.{os.getpid()}.{self._warm_count}"
+        marker = node_marker(self.config.cloud, self.config.host, f"warm.{os.getpid()}.{self._warm_count}")
         env = {**os.environ, **self.config.extra_env}
         self._warm = await WarmTorchrun.spawn(
             self.config.python, env=env, marker=marker, log=self.config.work_dir / "warm-torchrun.log"

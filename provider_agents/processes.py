@@ -3,7 +3,9 @@
 torchrun starts its workers in their own sessions with no parent-death signal, so killing a torchrun agent orphans
 its workers: they keep training and block every re-rendezvous (NOTES: trap 3). A node is therefore identified not by
 a process tree but by a marker in its environment (`ENV_NODE_MARKER`), which every worker inherits; stopping a node
-means signalling every process that carries its marker. Linux `/proc` only (the provider's hosts are Linux).
+means signalling every process that carries its marker. Markers begin with their cloud's id (`markers`), so a
+signal by marker or host prefix never reaches another cloud's processes. Linux `/proc` only (the provider's hosts
+are Linux).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def _environ(pid: int) -> bytes:
 
 def marked_processes(marker: str, *, prefix: bool = False) -> list[int]:
     """Pids of live processes whose `ENV_NODE_MARKER` equals `marker` (or starts with it, with `prefix`)."""
+    if not marker:
+        raise ValueError("an empty marker would match every node of every cloud on this machine")
     wanted = f"{ENV_NODE_MARKER}={marker}".encode()
     found = []
     for entry in _PROC.iterdir():

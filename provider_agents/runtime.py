@@ -34,6 +34,7 @@ from provider_agents.desired import FleetView, ensure_desired_state_bucket
 from provider_agents.control_plane import ControlPlane
 from provider_agents.fleet_monitor import FleetMonitor
 from provider_agents.micro_loop import MicroLoop
+from provider_agents.markers import cloud_id
 from provider_agents.node_launcher import LauncherConfig, NodeLauncher
 from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
 from provider_agents.publisher import CoreSink, JetStreamPublisher
@@ -275,6 +276,7 @@ def _launcher(
         host=options.host,
         work_dir=options.work_dir or settings.data_dir / "hosts" / options.host,
         checkpoint_root=options.checkpoint_root or settings.data_dir / "checkpoints",
+        cloud=cloud_id(secret, settings.data_dir),
         grace_s=options.grace_s,
     )
     return NodeLauncher(config, secret=secret, endpoints=endpoint, on_progress=control.report_progress)

@@ -23,6 +23,7 @@ from harmonaize.job_runtime import (
     read_model,
     write_model_atomically,
 )
+from provider_agents.markers import cloud_id, host_prefix
 from provider_agents.node_launcher import LauncherConfig, NodeLauncher
 from provider_agents.processes import alive, marked_processes, signal_marked
 from tests.support import eventually
@@ -51,13 +52,16 @@ class Rig:
         monkeypatch.setenv("HZ_FAKE_STOP_S", str(stop_s))
         self.config = LauncherConfig(
             host="h1", work_dir=tmp_path / "work", checkpoint_root=tmp_path / "ckpt", python=sys.executable,
-            grace_s=5.0, warm=False,
+            grace_s=5.0, warm=False, cloud=cloud_id(SECRET, tmp_path),
         )
         self.progress: list[JobProgress] = []
         self.endpoint: str | None = "127.0.0.1:29999"
 
-    def launcher(self) -> NodeLauncher:
+    def launcher(self, *, cloud: str | None = None) -> NodeLauncher:
+        """A launcher on the rig's work dir; `cloud`: one of another cloud (its default is this rig's)."""
         self.config = LauncherConfig(**{**self.config.__dict__, "python": str(self._fake_python())})
+        if cloud is not None:
+            self.config = LauncherConfig(**{**self.config.__dict__, "cloud": cloud})
         return NodeLauncher(self.config, secret=SECRET, endpoints=self._endpoint, on_progress=self._progress)
 
     def _fake_python(self) -> Path:
@@ -153,6 +157,28 @@ async def test_a_restarted_launcher_adopts_the_running_node(rig: Rig) -> None:
     await second.shutdown(stop_nodes=True)
 
 
+async def test_a_launcher_of_another_cloud_neither_adopts_nor_stops_the_node(rig: Rig, tmp_path: Path) -> None:
+    """Same host, tenant, job and epoch, same work dir: only the cloud differs. Its launcher refuses the node state
+    (a node of ours is not its to adopt), and starting and stopping its own node of that name leaves ours running."""
+    ours = rig.launcher()
+    await _converge(ours, _assignment(_job(epoch=1)))
+    await eventually(lambda: len(rig.starts()) == 1, what="our node started")
+    pid, marker = int(rig.starts()[0]["pid"]), str(rig.starts()[0]["marker"])
+    await eventually(lambda: len(marked_processes(marker)) == 2, what="our torchrun and its worker")
+    await ours.shutdown(stop_nodes=False)
+    theirs = rig.launcher(cloud=cloud_id(SECRET, tmp_path / "elsewhere"))
+    try:
+        assert theirs.adopted == 0, "a node of another cloud was adopted"
+        await _converge(theirs, _assignment(_job(epoch=1)))
+        await eventually(lambda: len(rig.starts()) == 2, what="their own node started")
+        assert str(rig.starts()[1]["marker"]) != marker
+        await _converge(theirs, _assignment())
+        await theirs.shutdown(stop_nodes=True)
+        assert alive(pid) and len(marked_processes(marker)) == 2, "their stop reached our node"
+    finally:
+        signal_marked(marker, signal.SIGKILL)
+
+
 async def test_unknown_desired_state_touches_nothing_and_no_endpoint_waits(rig: Rig) -> None:
     launcher = rig.launcher()
     await _converge(launcher, _assignment(_job(epoch=1)))
@@ -208,8 +234,9 @@ async def test_a_warm_torchrun_becomes_the_next_node_with_its_arguments_and_mark
 
     store = _start_store("127.0.0.1")
     out = tmp_path / "worker.txt"
+    cloud = cloud_id(SECRET, tmp_path)
     config = LauncherConfig(host="h1", work_dir=tmp_path / "work", checkpoint_root=tmp_path / "ckpt",
-                            python=sys.executable, grace_s=5.0)
+                            python=sys.executable, grace_s=5.0, cloud=cloud)
 
     async def endpoint(tenant: str, job: str) -> str | None:
         return f"127.0.0.1:{store.port}"
@@ -227,7 +254,8 @@ async def test_a_warm_torchrun_becomes_the_next_node_with_its_arguments_and_mark
     assert node.pid == warm_pid and node.agent_marker is not None
     await eventually(lambda: out.exists() and out.read_text().strip(), timeout=60, what="the worker ran")
     marker, rank, spec = out.read_text().split()
-    assert (marker, rank) == ("h1.acme.train.e4", "0") and spec.endswith("spec-e4.json")
+    assert (marker, rank) == (f"{cloud}.h1.acme.train.e4", "0") and spec.endswith("spec-e4.json")
+    assert node.agent_marker.startswith(host_prefix(cloud, "h1")), "the warm agent carries this cloud's marker too"
     await eventually(lambda: not node.running(), timeout=30, what="the one-step job finished")
     assert node.process is not None and node.process.returncode == 0
     await launcher.shutdown(stop_nodes=True)

@@ -27,6 +27,7 @@ from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
 from harmonaize.launcher import serve_api
 from harmonaize.settings import Settings
+from provider_agents.markers import cloud_id, host_prefix
 from provider_agents.processes import marked_processes, signal_marked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,15 @@ class ElasticCloud:
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)
     scenario: Path | None = None
 
+    @property
+    def cloud(self) -> str:
+        """The id its agents derive from the secret and data dir: every marker of this cloud begins with it."""
+        return cloud_id(self.provider_secret, self.data_dir)
+
+    def host_prefix(self, host: str) -> str:
+        """The marker prefix of `host`'s processes in this cloud (never another test's or a demo's `host`)."""
+        return host_prefix(self.cloud, host)
+
     def env(self) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("HZ_")}
         return {
@@ -97,14 +107,14 @@ class ElasticCloud:
     def host_processes(self, host: str) -> list[int]:
         """The agent and every node process of `host`."""
         agent = self.agents.get(host)
-        pids = marked_processes(f"{host}.", prefix=True)
+        pids = marked_processes(self.host_prefix(host), prefix=True)
         return ([agent.pid] if agent is not None and agent.poll() is None else []) + pids
 
     def kill_host(self, host: str) -> None:
         """The machine dies: the agent and every process of its nodes get SIGKILL at once."""
         agent = self.agents[host]
         os.kill(agent.pid, signal.SIGKILL)
-        signal_marked(f"{host}.", signal.SIGKILL, prefix=True)
+        signal_marked(self.host_prefix(host), signal.SIGKILL, prefix=True)
         agent.wait()
 
     def freeze_host(self, host: str) -> list[int]:
@@ -160,8 +170,8 @@ class ElasticCloud:
         """Kill the training nodes first (a graceful stop would checkpoint, which a test's teardown does not need,
         and a frozen host's peers would wait out the grace period), then stop agents and loops."""
         for host in HOSTS:
-            signal_marked(f"{host}.", signal.SIGCONT, prefix=True)
-            signal_marked(f"{host}.", signal.SIGKILL, prefix=True)
+            signal_marked(self.host_prefix(host), signal.SIGCONT, prefix=True)
+            signal_marked(self.host_prefix(host), signal.SIGKILL, prefix=True)
         for proc in [*self.agents.values(), *self.others]:
             if proc.poll() is None:
                 try:
@@ -176,8 +186,8 @@ class ElasticCloud:
                 proc.kill()
                 proc.wait()
         for host in HOSTS:
-            signal_marked(f"{host}.", signal.SIGCONT, prefix=True)
-            signal_marked(f"{host}.", signal.SIGKILL, prefix=True)
+            signal_marked(self.host_prefix(host), signal.SIGCONT, prefix=True)
+            signal_marked(self.host_prefix(host), signal.SIGKILL, prefix=True)
 
     def logs(self) -> str:
         """Every process log and node log, for a failing test's report."""

@@ -34,18 +34,10 @@ HOSTS = ("h1", "h2")
 
 def job_processes(cloud: ElasticCloud, host: str) -> set[int]:
     """Pids of the job's processes on `host`: its torchrun agent (the node's pid) and every process carrying the job's
-    node marker (its workers), told apart from any other test's by the data dir in their environment. The spare warm
-    torchrun process a launcher keeps ready belongs to no job (an agent that restarts starts a new one)."""
-    mine = f"HZ_DATA_DIR={cloud.data_dir}".encode()
+    node marker (its workers), which begins with this cloud's id, so no other test's or demo's `host` is counted. The
+    spare warm torchrun process a launcher keeps ready belongs to no job (an agent that restarts starts a new one)."""
     pids = {node_pid(cloud, host)} if alive(node_pid(cloud, host)) else set()
-    for pid in marked_processes(f"{host}.acme.train.", prefix=True):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if mine in environ:
-            pids.add(pid)
-    return pids
+    return pids | set(marked_processes(cloud.host_prefix(host) + "acme.train.", prefix=True))
 
 
 def node_pid(cloud: ElasticCloud, host: str) -> int:
