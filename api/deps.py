@@ -57,7 +57,7 @@ def _pseudonym_secret(request: Request) -> bytes:
 
 def _negotiation_context(request: Request) -> NegotiationContext:
     runtime: NegotiationRuntime = request.app.state.negotiation
-    return runtime.context()
+    return runtime.context(pseudonym_secret=request.app.state.pseudonym_secret)
 
 
 def _now(request: Request) -> datetime:

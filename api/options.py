@@ -65,7 +65,7 @@ class NegotiationRuntime:
             relay_backoff_max_s=options.relay_backoff_max_s,
         )
 
-    def context(self) -> NegotiationContext:
+    def context(self, *, pseudonym_secret: bytes = b"") -> NegotiationContext:
         """The context of one request: the time now, and everything else as configured."""
         return NegotiationContext(
             now=self.clock(),
@@ -73,4 +73,5 @@ class NegotiationRuntime:
             region=self.region,
             known_regions=self.known_regions,
             offer_ttl=self.offer_ttl,
+            pseudonym_secret=pseudonym_secret,
         )

@@ -3,7 +3,9 @@
 A negotiation is a short conversation about one job: the tenant asks (scale, repartition, defer, migrate region) with a
 desired value, an acceptable range and constraints; the provider answers with an offer of one or more options, each
 valid until an expiry ("3 workers now", or "4 workers from 02:00 when carbon is forecast at 210 g"); the tenant
-accepts one option, rejects, counters with new terms, or cancels. Every round is stored by the provider.
+accepts one option, rejects, counters with new terms, or cancels. Every round is stored by the provider. A scale
+request may name hosts of the job to replace (`replace_hosts`, as a Failure event names them): the provider's option
+then moves those workers to healthy hosts (`replaced_hosts`), or says why it cannot.
 
 States (the transition table itself lives with the provider, who enforces it):
 
@@ -18,9 +20,9 @@ States (the transition table itself lives with the provider, who enforces it):
 from __future__ import annotations
 
 import enum
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from harmonaize.times import UtcDatetime
 from harmonaize.ids import JobId
@@ -28,6 +30,11 @@ from harmonaize.jobs import ParallelPlan
 
 MAX_WORKERS = 4096
 MAX_OPTIONS = 8
+MAX_REPLACE_HOSTS = 16
+HOST_PSEUDONYM_PATTERN = r"^h-[0-9a-f]{6,32}$"
+"""A host as the tenant's events name it: the shape of `harmonaize.events.fields.HostPseudonym`, spelled out here
+because the events package imports this module."""
+HostName = Annotated[str, StringConstraints(pattern=HOST_PSEUDONYM_PATTERN)]
 
 
 class NegotiationKind(enum.StrEnum):
@@ -97,6 +104,14 @@ class NegotiationTerms(_Terms):
     parallel_plan: ParallelPlan | None = None
     start_after: UtcDatetime | None = Field(default=None, description="For defer: not before this time.")
     region: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+    replace_hosts: tuple[HostName, ...] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_REPLACE_HOSTS,
+        description="For scale: hosts of this job, as its events name them (a Failure's `host`), whose workers should "
+        "move to healthy hosts, e.g. after a failure or a predicted failure. A host running none of the job's workers "
+        "is ignored.",
+    )
     constraints: Constraints = Field(default_factory=Constraints)
 
     @model_validator(mode="after")
@@ -104,6 +119,8 @@ class NegotiationTerms(_Terms):
         r = self.accept_workers
         if self.desired_workers is not None and r is not None and not r.min <= self.desired_workers <= r.max:
             raise ValueError("desired_workers must lie inside accept_workers")
+        if self.replace_hosts is not None and len(set(self.replace_hosts)) != len(self.replace_hosts):
+            raise ValueError("replace_hosts names a host twice")
         return self
 
 
@@ -114,6 +131,11 @@ class OfferOption(_Terms):
     parallel_plan: ParallelPlan | None = None
     start_at: UtcDatetime | None = Field(default=None, description="None: as soon as accepted.")
     region: str | None = None
+    replaced_hosts: tuple[HostName, ...] | None = Field(
+        default=None,
+        description="The job's hosts (as its events name them) that this option takes its workers off; `workers` is "
+        "the job's size afterwards, the rest of it on healthy hosts.",
+    )
     expected_carbon_g_per_kwh: float | None = Field(default=None, ge=0)
     reason: str = Field(default="", max_length=300)
 

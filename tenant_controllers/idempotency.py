@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HandlerInvocation", "current_traceparent", "invocation", "new_idempotency_key"]
+__all__ = ["HandlerInvocation", "current_failed_host", "current_traceparent", "invocation", "new_idempotency_key"]
 
 
 @dataclass
@@ -41,6 +41,8 @@ class HandlerInvocation:
     attempt: int
     traceparent: str | None = None
     """The event's trace continued (a new span): sent as `traceparent` on the handler's API calls."""
+    failed_host: str | None = None
+    """The host a Failure event names (the tenant's pseudonym): a scale request in its handler replaces it."""
     _calls: Iterator[int] = field(default_factory=itertools.count)
 
     def next_call(self) -> int:
@@ -64,6 +66,12 @@ def current_traceparent() -> str | None:
     """The trace of the event whose handler is running, if it carried one."""
     current = _current.get()
     return None if current is None else current.traceparent
+
+
+def current_failed_host() -> str | None:
+    """The host of the Failure event whose handler is running, if it is one."""
+    current = _current.get()
+    return None if current is None else current.failed_host
 
 
 def new_idempotency_key(scope: str, body: Any) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from harmonaize.jobs import ParallelPlan
 from harmonaize.negotiation import NegotiationKind, NegotiationState, NegotiationTerms
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.errors import Declined
+from tenant_controllers.idempotency import current_failed_host
 from tenant_controllers.models import Negotiation
 from tenant_controllers.offer import Offer
 from tenant_controllers.terms import WorkerBounds, build_terms
@@ -215,12 +216,21 @@ class Job:
         carbon_cap: float | None = None,
         deadline: datetime | timedelta | None = None,
         budget_gpu_hours: float | None = None,
+        replace: str | Sequence[str] | None = None,
         idempotency_key: str | None = None,
     ) -> Offer:
-        """Ask to run with `scale_to` workers, accepting any count in `accept` (inclusive)."""
+        """Ask to run with `scale_to` workers, accepting any count in `accept` (inclusive).
+
+        `replace` names hosts (as events name them) whose workers should move to healthy hosts. By default, a request
+        made while handling a Failure replaces the event's host: keeping the size after a failure means a replacement
+        worker, not the failing one. `replace=()` keeps every worker where it is.
+        """
+        if replace is None:
+            failed = current_failed_host()
+            replace = () if failed is None else (failed,)
         terms = build_terms(
             scale_to=scale_to, accept=accept, carbon_cap=carbon_cap, deadline=deadline,
-            budget_gpu_hours=budget_gpu_hours,
+            budget_gpu_hours=budget_gpu_hours, replace=(replace,) if isinstance(replace, str) else replace,
         )
         return await self.request(NegotiationKind.SCALE, terms, idempotency_key=idempotency_key)
 

@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from harmonaize.events import CloudEvent, EventData, EventError, parse_event
+from harmonaize.events import CloudEvent, EventData, EventError, Failure, parse_event
 from harmonaize.events.kinds import EventKind
 from harmonaize.tracing import child_traceparent
 from tenant_controllers.api_client import ProviderApi
@@ -352,7 +352,11 @@ class ControllerRuntime:
 
     async def _attempt(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job, number: int) -> Any:
         trace = child_traceparent(envelope.traceparent) if envelope.traceparent else None
-        with invocation(HandlerInvocation(self.controller.name, envelope.id, handler.id, number, traceparent=trace)):
+        failed = envelope.data.host if isinstance(envelope.data, Failure) else None
+        current = HandlerInvocation(
+            self.controller.name, envelope.id, handler.id, number, traceparent=trace, failed_host=failed
+        )
+        with invocation(current):
             if handler.binder.takes("job"):  # a handler that cannot see the job does not wait for, or cause, a read
                 await job.ensure_fresh(self.job_max_age, stale_limit=self.job_stale_limit)
             args, kwargs = handler.binder.arguments(

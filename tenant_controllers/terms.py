@@ -7,6 +7,7 @@ before any request is sent, so a handler bug (`accept=(5, 3)`) fails in the hand
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -36,6 +37,7 @@ def build_terms(
     carbon_cap: float | None = None,
     deadline: datetime | timedelta | None = None,
     budget_gpu_hours: float | None = None,
+    replace: Sequence[str] | None = None,
     base: NegotiationTerms | None = None,
 ) -> NegotiationTerms:
     """Terms from keyword arguments; with `base`, only the arguments given replace the base's values (a counter)."""
@@ -52,6 +54,8 @@ def build_terms(
         values["start_after"] = _when(start_after)
     if region is not None:
         values["region"] = region
+    if replace is not None:
+        values["replace_hosts"] = tuple(replace) or None
     if carbon_cap is not None:
         constraints["carbon_cap_g_per_kwh"] = carbon_cap
     if deadline is not None:

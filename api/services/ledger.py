@@ -15,14 +15,15 @@ together. Allocations are whole workers: `gpus_per_worker` GPUs on ONE host each
 Placing reads candidate hosts and tries the conditional update on each; losing a race on one host only moves on to the
 next, and a few re-reads pick up space freed meanwhile. A snapshot that says "room" is only ever a hint.
 
-Two layers: `place_workers` / `release_workers` / `change_job_workers` work inside the caller's transaction (a
-negotiation's acceptance, a job's creation), and `allocate` / `release` are the admin's one-shot use cases that
-commit. Every change queues the new desired state of the hosts it touched (`host_assignments`).
+Two layers: `place_workers` / `release_workers` / `release_workers_on` / `change_job_workers` work inside the
+caller's transaction (a negotiation's acceptance, a job's creation), and `allocate` / `release` are the admin's
+one-shot use cases that commit. Every change queues the new desired state of the hosts it touched (`host_assignments`).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -109,9 +110,12 @@ async def change_job_workers(
         raise JobLimitError(f"job {job.id!r} may have at most {job.max_workers} workers")
 
 
-async def _host_preference(session: AsyncSession, job: Job) -> list[tuple[str, str, int]]:
+async def _host_preference(
+    session: AsyncSession, job: Job, exclude: Collection[str] = ()
+) -> list[tuple[str, str, int]]:
     """(host, group, free GPUs) of hosts with room for a worker, best first: hosts the job already uses, then its
-    locality groups, then the group with most room (so new workers stay together), then the roomiest host."""
+    locality groups, then the group with most room (so new workers stay together), then the roomiest host. Hosts in
+    `exclude` are never candidates."""
     used = await session.execute(
         select(Allocation.host_id, Host.locality_group, func.sum(Allocation.gpus))
         .join(Host, Host.id == Allocation.host_id)
@@ -124,11 +128,10 @@ async def _host_preference(session: AsyncSession, job: Job) -> list[tuple[str, s
         used_hosts[host_id] = int(gpus)
         used_groups[group] = used_groups.get(group, 0) + int(gpus)
     free = Host.gpus - Host.allocated_gpus
-    rows = (
-        await session.execute(
-            select(Host.id, Host.locality_group, free).where(free >= job.gpus_per_worker, Host.down_at.is_(None))
-        )
-    ).all()
+    candidates = select(Host.id, Host.locality_group, free).where(free >= job.gpus_per_worker, Host.down_at.is_(None))
+    if exclude:
+        candidates = candidates.where(Host.id.not_in(list(exclude)))
+    rows = (await session.execute(candidates)).all()
     group_room: dict[str, int] = {}
     for _, group, host_free in rows:
         group_room[group] = group_room.get(group, 0) + int(host_free) // job.gpus_per_worker
@@ -147,17 +150,24 @@ async def _host_preference(session: AsyncSession, job: Job) -> list[tuple[str, s
 
 
 async def place_workers(
-    session: AsyncSession, job: Job, count: int, *, now: datetime, starts_at: datetime | None = None
+    session: AsyncSession,
+    job: Job,
+    count: int,
+    *,
+    now: datetime,
+    starts_at: datetime | None = None,
+    exclude_hosts: Collection[str] = (),
 ) -> list[Placement]:
     """Reserve `count` more workers for `job`, one allocation row per worker, inside the caller's transaction.
 
-    The job's own counters are not touched (see `change_job_workers`). Raises InsufficientCapacityError when not all
-    fit; the caller must then roll back, which undoes the workers placed so far.
+    The job's own counters are not touched (see `change_job_workers`). `exclude_hosts` are never used (the hosts a
+    replacement moves workers off). Raises InsufficientCapacityError when not all fit; the caller must then roll
+    back, which undoes the workers placed so far.
     """
     placed: list[Placement] = []
     per_worker = job.gpus_per_worker
     for _ in range(PLACEMENT_ROUNDS):
-        for host_id, group, _free in await _host_preference(session, job):
+        for host_id, group, _free in await _host_preference(session, job, exclude_hosts):
             while len(placed) < count and await _try_reserve(session, host_id, per_worker):
                 allocation = Allocation(
                     id=uuid.uuid4().hex,
@@ -216,6 +226,28 @@ async def release_workers(session: AsyncSession, job: Job, count: int, *, now: d
         raise RuntimeError(f"ledger inconsistent: job {job.id!r} holds fewer workers than its desired_workers")
     await session.flush()
     return hosts
+
+
+async def release_workers_on(session: AsyncSession, job: Job, host_ids: Collection[str], *, now: datetime) -> int:
+    """Release every live allocation of `job` on `host_ids` inside the caller's transaction; returns the workers
+    released. The job's counters are not touched (see `change_job_workers`)."""
+    rows = await session.scalars(
+        select(Allocation)
+        .where(
+            Allocation.tenant_id == job.tenant_id,
+            Allocation.job_id == job.id,
+            Allocation.host_id.in_(list(host_ids)),
+            Allocation.released_at.is_(None),
+        )
+        .order_by(Allocation.id)
+    )
+    gpus = 0
+    for allocation in rows:
+        await _mark_released(session, allocation, now=now)
+        await _return_to_host(session, allocation.host_id, allocation.gpus)
+        gpus += allocation.gpus
+    await session.flush()
+    return gpus // job.gpus_per_worker
 
 
 async def _mark_released(session: AsyncSession, allocation: Allocation, *, now: datetime) -> None:

@@ -18,6 +18,11 @@ Rules (a demanding tenant's expectations):
 * A carbon cap is a constraint: no option starts when the forecast is above it; a deadline bounds every start.
 * REPARTITION offers the plan (HSDP needs at least 2 workers). DEFER offers the lowest-carbon start after
   `start_after` and before the deadline. MIGRATE_REGION is declined unless the region exists in this cloud.
+* SCALE with hosts to replace (`replace_hosts`: the tenant's hosts that failed or are predicted to) takes the job's
+  workers off those hosts and keeps the rest of the size on healthy hosts (`capacity` must not count the replaced
+  hosts): the target if healthy hosts have room, else the most they have room for if that is inside the range (the
+  reason says which workers are dropped and why), else a decline saying so. A replacement is never deferred: a
+  failing host does not wait for clean power; only growth beyond the current size honours a carbon cap.
 """
 
 from __future__ import annotations
@@ -78,6 +83,21 @@ class Regions:
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """The hosts a request asks to replace, by the tenant's pseudonyms (its events' names, never internal ids)."""
+
+    hosts: tuple[str, ...] = ()
+    """Named hosts that run workers of the job."""
+    workers: int = 0
+    """The job's workers on them (all of them leave those hosts)."""
+    absent: tuple[str, ...] = ()
+    """Named hosts that run none of the job's workers: nothing to move there."""
+
+
+NO_REPLACEMENT = Replacement()
+
+
+@dataclass(frozen=True)
 class Decline:
     """The provider can offer nothing inside the tenant's terms; `reason` says why."""
 
@@ -100,13 +120,18 @@ def decide(
     regions: Regions,
     now: datetime,
     offer_ttl: timedelta = DEFAULT_OFFER_TTL,
+    replacing: Replacement = NO_REPLACEMENT,
 ) -> Offer | Decline:
     """The provider's answer to a request or counter-offer (see the module docstring for the rules)."""
     deadline = terms.constraints.deadline
     if deadline is not None and deadline <= max(now, terms.start_after or now):
         return Decline("the deadline leaves no time: it is not after the earliest start")
+    if terms.replace_hosts is not None and kind is not NegotiationKind.SCALE:
+        return Decline(f"replace_hosts is for scale requests, not {kind.value}")
     options: list[OfferOption] | Decline
-    if kind is NegotiationKind.SCALE:
+    if kind is NegotiationKind.SCALE and replacing.workers > 0:
+        options = _replace(terms, job, capacity, carbon, now, replacing)
+    elif kind is NegotiationKind.SCALE:
         options = _scale(terms, job, capacity, carbon, now)
     elif kind is NegotiationKind.REPARTITION:
         options = _repartition(terms, job)
@@ -114,9 +139,25 @@ def decide(
         options = _defer(terms, job, capacity, carbon, now)
     else:
         options = _migrate(terms, regions)
+    if replacing.absent:
+        options = _with_note(options, f"no worker of this job runs on {_names(replacing.absent)}")
     if isinstance(options, Decline):
         return options
     return Offer(options=tuple(options), expires_at=now + offer_ttl)
+
+
+def _with_note(options: list[OfferOption] | Decline, note: str) -> list[OfferOption] | Decline:
+    if isinstance(options, Decline):
+        return Decline(f"{options.reason}; {note}")
+    return [option.model_copy(update={"reason": f"{option.reason}; {note}"[:300]}) for option in options]
+
+
+def _names(hosts: Sequence[str]) -> str:
+    return hosts[0] if len(hosts) == 1 else ", ".join(hosts[:-1]) + f" and {hosts[-1]}"
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker" if count == 1 else f"{count} workers"
 
 
 def _range(terms: NegotiationTerms, job: JobSnapshot) -> tuple[int, int, int] | Decline:
@@ -232,6 +273,57 @@ def _scale(
         reason = f"{fits} workers {_when(cleaner, now)}, the forecast low-carbon time{_carbon_note(cleaner, cap)}"
         options.append(_option(fits, cleaner, now, reason))
     return options
+
+
+def _replace(
+    terms: NegotiationTerms,
+    job: JobSnapshot,
+    capacity: FreeCapacity,
+    carbon: Sequence[CarbonPoint],
+    now: datetime,
+    replacing: Replacement,
+) -> list[OfferOption] | Decline:
+    """Take the job's workers off the replaced hosts and reach the target with workers on healthy hosts."""
+    bounds = _range(terms, job)
+    if isinstance(bounds, Decline):
+        return bounds
+    low, high, target = bounds
+    if _earliest(terms, now) > now:
+        return Decline("a replacement takes effect at once; it is not offered for a later start")
+    current, where = job.desired_workers, _names(replacing.hosts)
+    kept = current - replacing.workers
+    room = capacity.workers(job.gpus_per_worker)
+    wanted = max(0, target - kept)
+    new = min(wanted, room)
+    start = _Start(now, carbon_at(carbon, now))
+    cap = terms.constraints.carbon_cap_g_per_kwh
+    held_back = ""
+    if kept + new > current and cap is not None and (start.g_per_kwh is None or start.g_per_kwh > cap):
+        new = replacing.workers
+        held_back = f"; no growth now: carbon is not forecast within your cap of {cap:g} g/kWh"
+    workers = kept + new
+    if workers < low:
+        return Decline(
+            f"no healthy host has room to replace the job's {_workers(replacing.workers)} on {where}: there is room "
+            f"for {room} ({job.gpus_per_worker} GPU(s) each, on one host), the job keeps {kept} elsewhere, and you "
+            f"accept {_span(low, high)}"
+        )
+    moved = min(new, replacing.workers)
+    dropped = replacing.workers - moved
+    parts = []
+    if moved:
+        parts.append(f"{_workers(moved)} on {where} {'moves' if moved == 1 else 'move'} to a healthy host")
+    if dropped:
+        why = "no healthy host has room to replace it" if new < wanted else "you asked for fewer"
+        parts.append(f"{_workers(dropped)} on {where} {'is' if dropped == 1 else 'are'} dropped ({why})")
+    if new > moved:
+        parts.append(f"{new - moved} more on healthy hosts")
+    if workers < kept:
+        parts.append(f"{kept - workers} more released")
+    if not dropped and not held_back and new < wanted:
+        held_back = f"; no room on healthy hosts for {wanted - new} more"
+    reason = f"{workers} workers now: {', '.join(parts)}{held_back}{_carbon_note(start, cap)}"
+    return [_option(workers, start, now, reason, replaced_hosts=replacing.hosts)]
 
 
 def _repartition(terms: NegotiationTerms, job: JobSnapshot) -> list[OfferOption] | Decline:

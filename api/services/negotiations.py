@@ -7,13 +7,15 @@ the caller (`NegotiationContext.now`), never from the wall clock, so expiry is t
 Acceptance is one transaction: the guarded state change (two accepts cannot both win), the ledger change for the
 worker delta (scale up: new workers placed near the job's existing ones; scale down: its most recent workers
 released), the job's `desired_workers` / `parallel_plan`, the new desired state of every host touched, the round and
-the tenant's event. If capacity has gone meanwhile, everything rolls back and the offer stays open (the tenant can
-counter); an offer whose expiry has passed is marked expired instead and cannot be accepted.
+the tenant's event. An option that replaces hosts (`replaced_hosts`: the tenant's failing hosts) moves the job's
+workers off them in the same transaction (`worker_replacement`), so the job gets a new epoch on the new host set. If
+capacity has gone meanwhile, everything rolls back and the offer stays open (the tenant can counter); an offer whose
+expiry has passed is marked expired instead and cannot be accepted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -49,6 +51,7 @@ from api.services.negotiation_store import (
     offer_of,
     public,
 )
+from api.services.worker_replacement import move_workers, resolve
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
 
@@ -66,13 +69,17 @@ class NegotiationContext:
     region: str
     known_regions: Collection[str] = field(default_factory=tuple)
     offer_ttl: timedelta = DEFAULT_OFFER_TTL
+    pseudonym_secret: bytes = b""
+    """Resolves the tenant's host names in `replace_hosts` (see `worker_replacement`)."""
 
 
-async def _free_capacity(session: AsyncSession) -> FreeCapacity:
+async def _free_capacity(session: AsyncSession, *, exclude: Collection[str] = ()) -> FreeCapacity:
+    """Free GPUs per healthy host: not down, and not one the request replaces."""
     free = Host.gpus - Host.allocated_gpus
-    rows = await session.execute(
-        select(Host.locality_group, free).where(free > 0, Host.down_at.is_(None)).order_by(Host.id)
-    )
+    query = select(Host.locality_group, free).where(free > 0, Host.down_at.is_(None)).order_by(Host.id)
+    if exclude:
+        query = query.where(Host.id.not_in(list(exclude)))
+    rows = await session.execute(query)
     return FreeCapacity(hosts=tuple((group, int(gpus)) for group, gpus in rows))
 
 
@@ -87,6 +94,7 @@ async def _answer(
     session: AsyncSession, job: Job, kind: NegotiationKind, terms: NegotiationTerms, ctx: NegotiationContext
 ) -> tuple[NegotiationState, dict[str, object], str]:
     """Run the policy: (stored state, columns to set, the round's note)."""
+    replacing = await resolve(session, job, terms.replace_hosts, secret=ctx.pseudonym_secret)
     decision = decide(
         kind,
         terms,
@@ -97,11 +105,12 @@ async def _answer(
             desired_workers=job.desired_workers,
             parallel_plan=job.parallel_plan,
         ),
-        capacity=await _free_capacity(session),
+        capacity=await _free_capacity(session, exclude=replacing.host_ids),
         carbon=ctx.forecast.points(ctx.now),
         regions=Regions(current=ctx.region, known=ctx.known_regions or (ctx.region,)),
         now=ctx.now,
         offer_ttl=ctx.offer_ttl,
+        replacing=replacing.replacement,
     )
     if isinstance(decision, Decline):
         state = next_status(Step.AWAITING_PROVIDER, RoundAction.DECLINE)
@@ -282,7 +291,11 @@ async def accept(
         await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option)
         job = await _job(session, tenant_id, negotiation.job_id)
         hosts: set[str] = set()
-        if chosen.workers is not None and chosen.workers != job.desired_workers:
+        if chosen.replaced_hosts and chosen.workers is not None:
+            hosts |= await _replace(
+                session, job, chosen.replaced_hosts, chosen.workers, ctx, expires_at=offer.expires_at
+            )
+        elif chosen.workers is not None and chosen.workers != job.desired_workers:
             starts_at = chosen.start_at if chosen.start_at is not None and chosen.start_at > now else None
             hosts |= await _resize(session, job, chosen.workers, now=now, starts_at=starts_at, expires_at=offer.expires_at)
         if chosen.parallel_plan is not None and chosen.parallel_plan is not job.parallel_plan:
@@ -312,12 +325,27 @@ async def _resize(
     try:
         placed = await place_workers(session, job, delta, now=now, starts_at=starts_at)
     except InsufficientCapacityError as exc:
-        until = expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
-        raise InsufficientCapacityError(
-            f"the capacity for this option is gone: {exc.reason}. Nothing changed; the offer stays open until "
-            f"{until}: counter with fewer workers"
-        ) from exc
+        raise _capacity_gone(exc, expires_at) from exc
     return {placement.allocation.host_id for placement in placed}
+
+
+async def _replace(
+    session: AsyncSession, job: Job, names: Sequence[str], workers: int, ctx: NegotiationContext, *,
+    expires_at: datetime,
+) -> set[str]:
+    resolved = await resolve(session, job, names, secret=ctx.pseudonym_secret)
+    try:
+        return await move_workers(session, job, resolved.host_ids, workers, now=ctx.now)
+    except InsufficientCapacityError as exc:
+        raise _capacity_gone(exc, expires_at) from exc
+
+
+def _capacity_gone(exc: InsufficientCapacityError, expires_at: datetime) -> InsufficientCapacityError:
+    until = expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return InsufficientCapacityError(
+        f"the capacity for this option is gone: {exc.reason}. Nothing changed; the offer stays open until "
+        f"{until}: counter with fewer workers"
+    )
 
 
 __all__ = [

@@ -14,6 +14,7 @@ from api.services.negotiation_policy import (
     FreeCapacity,
     JobSnapshot,
     Regions,
+    Replacement,
     decide,
 )
 from harmonaize.jobs import ParallelPlan
@@ -228,3 +229,42 @@ def test_the_shipped_trace_replays_onto_now_faster_than_real_time() -> None:
 def test_a_malformed_trace_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         load_trace(bad)
+
+
+FAILING = "h-" + "a" * 16
+GONE = "h-" + "b" * 16
+
+
+def replacing(workers: int, *, absent: tuple[str, ...] = ()) -> Replacement:
+    return Replacement(hosts=(FAILING,), workers=workers, absent=absent)
+
+
+def test_a_replacement_moves_what_fits_drops_the_rest_inside_the_range_and_says_so() -> None:
+    def answer(capacity: FreeCapacity, **terms: Any) -> Offer | Decline:
+        return decide(NegotiationKind.SCALE, NegotiationTerms(replace_hosts=(FAILING,), **terms),
+                      job=job(desired_workers=3), capacity=capacity, carbon=FLAT, regions=REGIONS, now=NOW,
+                      replacing=replacing(2))
+
+    (both,) = offer(answer(room(1, 1), desired_workers=3)).options
+    assert (both.workers, both.replaced_hosts) == (3, (FAILING,))
+    assert both.reason.startswith(f"3 workers now: 2 workers on {FAILING} move to a healthy host")
+    (one,) = offer(answer(room(1), desired_workers=3, accept_workers={"min": 2, "max": 3})).options
+    assert one.workers == 2
+    assert one.reason == (f"2 workers now: 1 worker on {FAILING} moves to a healthy host, 1 worker on {FAILING} is "
+                          "dropped (no healthy host has room to replace it), carbon forecast 300 g/kWh")
+    (fewer,) = offer(answer(room(1, 1), desired_workers=1)).options
+    assert fewer.workers == 1 and "2 workers on" in fewer.reason and "dropped (you asked for fewer)" in fewer.reason
+    assert declined(answer(room(), desired_workers=3)).startswith(
+        f"no healthy host has room to replace the job's 2 workers on {FAILING}")
+
+
+def test_named_hosts_without_workers_only_add_a_note_and_other_kinds_refuse_them() -> None:
+    result = decide(NegotiationKind.SCALE, NegotiationTerms(desired_workers=2, replace_hosts=(GONE,)), job=job(),
+                    capacity=room(), carbon=FLAT, regions=REGIONS, now=NOW,
+                    replacing=Replacement(absent=(GONE,)))
+    (option,) = offer(result).options
+    assert option.replaced_hosts is None
+    assert option.reason == f"2 workers now (already running); no worker of this job runs on {GONE}"
+    plan = NegotiationTerms(parallel_plan=ParallelPlan.HSDP, replace_hosts=(GONE,))
+    assert declined(ask(NegotiationKind.REPARTITION, **plan.model_dump())) == (
+        "replace_hosts is for scale requests, not repartition")

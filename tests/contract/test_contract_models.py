@@ -395,3 +395,10 @@ def test_host_pseudonyms_have_exactly_the_tenant_facing_shape(host: str) -> None
     with pytest.raises(ValidationError) as caught:
         Failure(kind="host_down", **{**FAILURE_BASE, "host": host})
     assert "host" in _fields_in(caught.value)
+
+
+def test_negotiation_host_names_have_the_shape_events_give_hosts() -> None:
+    from harmonaize import negotiation
+    from harmonaize.events import fields
+
+    assert negotiation.HOST_PSEUDONYM_PATTERN == fields.HOST_PSEUDONYM_PATTERN

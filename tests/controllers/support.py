@@ -38,12 +38,12 @@ def carbon(g: float, *, job: str = "llm-finetune", at: datetime | None = None, e
 
 
 def failure(*, job: str = "llm-finetune", kind: FailureKind = FailureKind.HOST_DOWN, at: datetime | None = None,
-            event_id: str | None = None) -> CloudEvent[Failure]:
+            event_id: str | None = None, host: str = HOST) -> CloudEvent[Failure]:
     when = at or T0
     extra: dict[str, Any] = {}
     if kind is FailureKind.PREDICTED_FAILURE:
         extra = {"eta": when + timedelta(minutes=5), "confidence": 0.9}
-    data = Failure(kind=kind, host=HOST, detected_at=when, severity=Severity.CRITICAL, **extra)
+    data = Failure(kind=kind, host=host, detected_at=when, severity=Severity.CRITICAL, **extra)
     return make_event(data, source="/hz/provider/agent", subject=job, time=when, event_id=event_id)
 
 

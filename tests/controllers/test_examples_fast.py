@@ -59,6 +59,7 @@ async def test_failure_guard_asks_for_a_replacement_or_one_fewer_before_the_pred
     assert negotiation["kind"] == NegotiationKind.SCALE and negotiation["state"] == NegotiationState.ACCEPTED
     assert negotiation["terms"]["desired_workers"] == 2
     assert negotiation["terms"]["accept_workers"] == {"min": 1, "max": 2}
+    assert negotiation["terms"]["replace_hosts"] == [predicted.data.host], "keeping the size replaces the host"
     assert negotiation["terms"]["constraints"]["deadline"].startswith(
         predicted.data.eta.isoformat().replace("+00:00", ""))
     assert store.records()[0].outcome.endswith("replaced the worker")

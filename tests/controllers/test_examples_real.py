@@ -107,7 +107,8 @@ async def test_carbon_aware_scaler_negotiates_with_a_carbon_cap(placed: LiveClou
 async def test_failure_guard_negotiates_a_replacement_before_the_predicted_failure(
     placed: LiveCloud, tmp_path: Path
 ) -> None:
-    predicted = failure(kind=FailureKind.PREDICTED_FAILURE, at=datetime.now(T0.tzinfo))
+    [host] = {a["host"] for a in (await placed.tenant_client.get("/v1/jobs/llm-finetune/allocations")).json()}
+    predicted = failure(kind=FailureKind.PREDICTED_FAILURE, at=datetime.now(T0.tzinfo), host=host)
     async with example_running(placed, "failure_guard", tmp_path / "state"):
         await placed.publish(predicted)
         await eventually(lambda: _negotiation_settled(placed), timeout=15, what="a settled negotiation")
@@ -116,7 +117,10 @@ async def test_failure_guard_negotiates_a_replacement_before_the_predicted_failu
     assert negotiation["terms"]["desired_workers"] == 2
     assert negotiation["terms"]["accept_workers"] == {"min": 1, "max": 2}
     assert negotiation["terms"]["constraints"]["deadline"] is not None
+    assert negotiation["accepted_option"]["replaced_hosts"] == [host]
     assert (await job_state(placed))["desired_workers"] == 2
+    moved = (await placed.tenant_client.get("/v1/jobs/llm-finetune/allocations")).json()
+    assert len(moved) == 2 and host not in {a["host"] for a in moved}, "both workers left the host predicted to fail"
 
 
 async def test_congestion_repartitioner_switches_to_hsdp_and_back(placed: LiveCloud, tmp_path: Path) -> None:

@@ -195,3 +195,21 @@ async def test_defer_and_migrate_send_their_kinds_and_terms(provider: FakeProvid
     assert defer_body["terms"]["constraints"] == {"carbon_cap_g_per_kwh": 180.0}
     assert datetime.fromisoformat(defer_body["terms"]["start_after"]) > datetime.now(UTC) + timedelta(minutes=119)
     assert migrate_body == {"job": "llm-finetune", "kind": "migrate_region", "terms": {"region": "DE", "constraints": {}}}
+
+
+async def test_a_scale_request_in_a_failure_handler_replaces_the_failing_host_unless_told_otherwise(
+    provider: FakeProvider, api: ProviderApi
+) -> None:
+    failing, other = "h-0123456789abcdef", "h-fedcba9876543210"
+    job = await loaded(api)
+    with invocation(HandlerInvocation("ctl", "event-1", "on_failure", 1, failed_host=failing)):
+        await job.negotiate(scale_to=2, accept=(1, 2))
+        await job.negotiate(scale_to=2, replace=())
+        await job.negotiate(scale_to=2, replace=other)
+    with invocation(HandlerInvocation("ctl", "event-2", "on_carbon", 1)):
+        await job.negotiate(scale_to=2)
+    await job.negotiate(scale_to=2, replace=[failing, other])
+    sent = [json.loads(r.content)["terms"].get("replace_hosts") for r in provider.posts()]
+    assert sent == [[failing], None, [other], None, [failing, other]]
+    with pytest.raises(ValueError, match="replace_hosts"):
+        await job.negotiate(scale_to=2, replace="h1")

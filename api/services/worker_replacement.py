@@ -1,0 +1,76 @@
+"""Replacing a job's workers on hosts the tenant reports failing (or predicted to fail): which hosts, and the move.
+
+Why the tenant names the hosts: a failure that leaves the host up (a GPU error, a prediction) is known to the host's
+agent, which tells only the tenants placed there, under each tenant's pseudonym for the host. The control plane keeps
+no record of it, so the request carries the pseudonym from the event (`NegotiationTerms.replace_hosts`; the SDK fills
+it in for a scale request made while handling a Failure). The provider resolves it only among the job's own hosts,
+by computing the tenant's pseudonym of each, so a tenant learns nothing about hosts it does not use, and a name that
+matches none of them (a host already released, a made-up name) moves nothing.
+
+The move is one transaction with the rest of the acceptance: every live allocation of the job on those hosts is
+released, the job's size becomes the option's, and the difference is placed on other, healthy hosts (never a
+replaced one, never a down one), or the job's most recent remaining workers are released when the option is smaller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.models import Allocation, Job
+from api.services.ledger import change_job_workers, place_workers, release_workers, release_workers_on
+from api.services.negotiation_policy import NO_REPLACEMENT, Replacement
+from harmonaize.pseudonyms import host_pseudonym
+
+__all__ = ["ResolvedReplacement", "move_workers", "resolve"]
+
+
+@dataclass(frozen=True)
+class ResolvedReplacement:
+    """What the policy sees (pseudonyms and counts) and the internal host ids it stands for (never shown)."""
+
+    replacement: Replacement = NO_REPLACEMENT
+    host_ids: frozenset[str] = field(default_factory=frozenset)
+
+
+async def resolve(
+    session: AsyncSession, job: Job, names: Sequence[str] | None, *, secret: bytes
+) -> ResolvedReplacement:
+    """Map the tenant's host names to the job's hosts holding live allocations, with the workers on them."""
+    if not names:
+        return ResolvedReplacement()
+    rows = await session.execute(
+        select(Allocation.host_id, func.sum(Allocation.gpus))
+        .where(Allocation.tenant_id == job.tenant_id, Allocation.job_id == job.id, Allocation.released_at.is_(None))
+        .group_by(Allocation.host_id)
+    )
+    by_name = {host_pseudonym(secret, job.tenant_id, host): (host, int(gpus)) for host, gpus in rows}
+    present = tuple(name for name in names if name in by_name)
+    absent = tuple(name for name in names if name not in by_name)
+    workers = sum(by_name[name][1] for name in present) // job.gpus_per_worker
+    replacement = Replacement(hosts=present, workers=workers, absent=absent)
+    return ResolvedReplacement(replacement=replacement, host_ids=frozenset(by_name[name][0] for name in present))
+
+
+async def move_workers(
+    session: AsyncSession, job: Job, host_ids: frozenset[str], workers: int, *, now: datetime
+) -> set[str]:
+    """Take the job's workers off `host_ids` and give it `workers` in all on other hosts; returns the hosts touched.
+
+    Inside the caller's transaction. The job must still have the size it had when the offer was made (ConflictError
+    otherwise); InsufficientCapacityError when the healthy hosts' room is gone (the caller rolls back: nothing moved).
+    """
+    current = job.desired_workers
+    await change_job_workers(session, job, workers - current, expected_workers=current)
+    kept = current - await release_workers_on(session, job, host_ids, now=now)
+    touched = set(host_ids)
+    if workers < kept:
+        touched |= await release_workers(session, job, kept - workers, now=now)
+    elif workers > kept:
+        placed = await place_workers(session, job, workers - kept, now=now, exclude_hosts=host_ids)
+        touched |= {placement.allocation.host_id for placement in placed}
+    return touched
