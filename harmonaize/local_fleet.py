@@ -24,7 +24,8 @@ from provider_agents.processes import signal_marked
 
 __all__ = ["DEFAULT_SCENARIO", "LocalFleet", "fleet_of", "pin_scenario", "register_hosts", "scenario_hosts"]
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "provider_agents" / "scenarios" / "demo.yaml"
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "provider_agents" / "scenarios" / "quiet.yaml"
+"""A quiet fleet: the hosts and the carbon trace, no scripted episode (those come with `scenario run` or `--scenario`)."""
 
 
 def scenario_hosts(scenario: Path) -> dict[str, tuple[str, int]]:
