@@ -1,7 +1,13 @@
 """The `harmonaize` command: start the local cloud, migrate the database, manage tenants.
 
 Messages for shell users: one line naming what is wrong, on stderr, exit code 2 for bad input or configuration and 1
-for a failure at run time. Heavy imports (FastAPI, SQLAlchemy, nats) happen inside the commands that need them.
+for a failure at run time.
+
+Start-up is kept short because people type these commands all day: this module and the command modules it registers
+eagerly (cli_daily, cli_services) import only typer at module level; settings (pydantic), the event loop, httpx,
+FastAPI, SQLAlchemy, nats and torch are imported inside the commands that need them, and the commands that live with
+their part (agent, fleet monitor, controller runner) are registered lazily (`harmonaize.cli_lazy`). A test checks
+that `--help` and `version` import none of the heavy stacks.
 """
 
 from __future__ import annotations
@@ -9,39 +15,40 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
-from pydantic import ValidationError
 
-from harmonaize import __version__, event_loop
-from harmonaize.settings import Settings
+from harmonaize import __version__
+from harmonaize.cli_daily import events_app, jobs_app, negotiations_app, scenario_app
+from harmonaize.cli_lazy import lazy_command, lazy_group
+from harmonaize.cli_services import app as services_app
+
+if TYPE_CHECKING:
+    import httpx
+
+    from harmonaize.settings import Settings
 
 app = typer.Typer(help="HarmonAIze: tenant-provider cooperation for AI workloads.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 tenants_app = typer.Typer(help="Tenants of the control plane (needs the admin token).", no_args_is_help=True)
+
+# Commands that live with the part they run (the host agent and fleet monitor, the tenant controller runner), listed
+# here with their help text and imported when they run: their modules import their whole part.
+lazy_command(app, "agent", "provider_agents.cli:agent",
+             help="Run the host agent: per-tenant events, raw telemetry, heartbeats, and this host's torchrun nodes.")
+lazy_command(app, "fleet-monitor", "provider_agents.cli:fleet_monitor",
+             help="Run the provider's central loops: fleet monitor (outages), rendezvous stores, micro loop "
+                  "(directives).")
 app.add_typer(db_app, name="db")
 app.add_typer(tenants_app, name="tenants")
-
-
-def _register_parts() -> None:
-    """Commands that live with the part they run: the host agent and fleet monitor, the tenant controller runner."""
-    from provider_agents.cli import agent, fleet_monitor
-    from tenant_controllers.cli import app as controller_app
-
-    app.command("agent")(agent)
-    app.command("fleet-monitor")(fleet_monitor)
-    app.add_typer(controller_app, name="controller")
-    from harmonaize.cli_daily import events_app, jobs_app, negotiations_app, scenario_app
-
-    app.add_typer(events_app, name="events")
-    app.add_typer(negotiations_app, name="negotiations")
-    app.add_typer(jobs_app, name="jobs")
-    app.add_typer(scenario_app, name="scenario")
-    app.add_typer(__import__("harmonaize.cli_services", fromlist=["app"]).app)  # `api ...`, `broker ...`
-
-
-_register_parts()
+lazy_group(app, "controller", "tenant_controllers.cli:app",
+           help="Tenant controllers: react to your jobs' events and negotiate with the provider.")
+app.add_typer(events_app, name="events")
+app.add_typer(negotiations_app, name="negotiations")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(scenario_app, name="scenario")
+app.add_typer(services_app)  # `api ...`, `broker ...`
 
 
 def fail(message: str, *, code: int = 1) -> NoReturn:
@@ -51,6 +58,10 @@ def fail(message: str, *, code: int = 1) -> NoReturn:
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with command-line overrides; a bad value is one line naming the variable."""
+    from pydantic import ValidationError
+
+    from harmonaize.settings import Settings
+
     try:
         settings = Settings()
         values = {k: v for k, v in overrides.items() if v is not None}
@@ -94,9 +105,10 @@ def up(
 ) -> None:
     """Start the local cloud: embedded nats-server, the API on SQLite, simulated GPU hosts with their agents, a demo
     tenant. Ctrl-C stops everything."""
+    from broker_config.server import BrokerError
+    from harmonaize import event_loop
     from harmonaize.launcher import LocalCloudError, LocalCloudInfo, run_local_cloud
     from harmonaize.local_fleet import fleet_of
-    from broker_config.server import BrokerError
 
     settings = load_settings(data_dir=data_dir, api_port=api_port)
     if scenario is not None and not scenario.is_file():
@@ -161,6 +173,7 @@ def demo(
     from rich.console import Console
 
     from broker_config.server import BrokerError
+    from harmonaize import event_loop
     from harmonaize.demo import DEMO_SCENARIO, DemoStory
     from harmonaize.launcher import LocalCloudError, run_local_cloud
 
@@ -223,7 +236,7 @@ def db_current() -> None:
         fail(f"cannot read the schema revision: {exc}")
 
 
-def _admin_client(settings: Settings) -> "httpx.Client":  # noqa: F821
+def _admin_client(settings: Settings) -> httpx.Client:
     import httpx
 
     if settings.admin_token is None:

@@ -9,16 +9,18 @@ HZ_NATS_URL: `source .hz/admin.env`). Exit codes: 0 done, 1 the cloud refused or
 
 from __future__ import annotations
 
-import asyncio
 import json
+import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 
-from harmonaize import event_loop
-from harmonaize.settings import Settings
+if TYPE_CHECKING:
+    from harmonaize.settings import Settings
+
+# Imported by `harmonaize` on every invocation: only typer here; the rest inside the commands (harmonaize/cli.py).
 
 __all__ = ["events_app", "jobs_app", "negotiations_app", "scenario_app"]
 
@@ -49,32 +51,68 @@ def _need(value: object, variable: str, hint: str) -> str:
 TENANT_HINT = "source the tenant's env file, e.g. .hz/tenant-demo.env"
 
 
-def _tenant_request(method: str, path: str, **params: Any) -> Any:
-    import httpx
+class _TenantApi:
+    """The tenant's side of the API for one command: the settings read once and one httpx client, so the command's
+    requests share a connection and the TLS set-up (httpx builds an SSL context per client, which costs more than a
+    request to a local API)."""
 
-    settings = _settings()
-    token = _need(settings.tenant_token, "HZ_TENANT_TOKEN", TENANT_HINT)
-    try:
-        reply = httpx.request(
-            method,
-            settings.resolved_api_url.rstrip("/") + path,
-            params={k: v for k, v in params.items() if v is not None},
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=30,
+    def __init__(self) -> None:
+        import httpx
+
+        settings = _settings()
+        token = _need(settings.tenant_token, "HZ_TENANT_TOKEN", TENANT_HINT)
+        self.url = settings.resolved_api_url
+        self._client = httpx.Client(
+            base_url=self.url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
-    except httpx.TransportError as exc:
-        _fail(f"cannot reach the API at {settings.resolved_api_url}: {exc}")
-    if reply.status_code in (401, 403):
-        _fail(f"the API refused the tenant token: {reply.json().get('reason', reply.text)}", code=2)
-    if reply.status_code == 422:
-        _fail(reply.json().get("reason", reply.text), code=2)
-    if reply.status_code >= 400:
-        _fail(reply.json().get("reason", reply.text) if reply.content else str(reply.status_code))
-    return reply.json()
+
+    def __enter__(self) -> _TenantApi:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()
+
+    def get(self, path: str, *, missing: str | None = None, **params: Any) -> Any:
+        """The API's JSON answer, or one line on stderr and the exit code. `missing` names what the path points at
+        ("job 'x'") for a 404, whose reason from the API ("job not found") does not say which."""
+        import httpx
+
+        try:
+            reply = self._client.get(path, params={k: v for k, v in params.items() if v is not None})
+        except httpx.TransportError as exc:
+            _fail(f"cannot reach the API at {self.url}: {exc}")
+        if reply.status_code in (401, 403):
+            _fail(f"the API refused the tenant token: {reply.json().get('reason', reply.text)}", code=2)
+        if reply.status_code == 422:
+            _fail(reply.json().get("reason", reply.text), code=2)
+        if reply.status_code == 404 and missing is not None:
+            _fail(f"{missing} not found")
+        if reply.status_code >= 400:
+            _fail(reply.json().get("reason", reply.text) if reply.content else str(reply.status_code))
+        return reply.json()
 
 
 def _print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, default=str))
+
+
+def _job_id(value: str) -> str:
+    from harmonaize.ids import InvalidIdError, validate_id
+
+    try:
+        return validate_id("job", value)
+    except InvalidIdError as exc:
+        _fail(str(exc), code=2)
+
+
+def figure(value: float | None) -> str:
+    """A measured rate for people: 4 significant digits and at least one decimal (1117.4, 87.65, 0.03124), since
+    the digits past those are noise of the measurement; '-' when there is none."""
+    if value is None:
+        return "-"
+    if value == 0 or not math.isfinite(value):
+        return f"{value:.1f}"
+    return f"{value:.{max(1, 3 - math.floor(math.log10(abs(value))))}f}"
 
 
 # -- negotiations -----------------------------------------------------------------------------------------------
@@ -89,7 +127,8 @@ def negotiations_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Negotiations, newest first."""
-    page = _tenant_request("GET", "/v1/negotiations", job=job, state=state, kind=kind, limit=limit)
+    with _TenantApi() as api:
+        page = api.get("/v1/negotiations", job=job, state=state, kind=kind, limit=limit)
     if as_json:
         _print_json(page["items"])
         return
@@ -104,7 +143,11 @@ def negotiations_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """One negotiation with every round: who, when, what was asked and offered."""
-    detail = _tenant_request("GET", f"/v1/negotiations/{negotiation_id}")
+    from urllib.parse import quote
+
+    with _TenantApi() as api:
+        detail = api.get(f"/v1/negotiations/{quote(negotiation_id, safe='')}",
+                         missing=f"negotiation {negotiation_id!r}")
     if as_json:
         _print_json(detail)
         return
@@ -122,7 +165,8 @@ def negotiations_show(
 @jobs_app.command("list")
 def jobs_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """The tenant's jobs."""
-    jobs = _tenant_request("GET", "/v1/jobs")
+    with _TenantApi() as api:
+        jobs = api.get("/v1/jobs")
     if as_json:
         _print_json(jobs)
         return
@@ -137,10 +181,13 @@ def jobs_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """A job: its agreed shape, its latest progress, the shapes it ran in and the provider's directives."""
-    job = _tenant_request("GET", f"/v1/jobs/{job_id}")
-    status = _tenant_request("GET", f"/v1/jobs/{job_id}/status")
-    timeline = _tenant_request("GET", f"/v1/jobs/{job_id}/timeline")
-    directives = _tenant_request("GET", f"/v1/jobs/{job_id}/directives", limit=10)
+    job_id = _job_id(job_id)
+    missing = f"job {job_id!r}"
+    with _TenantApi() as api:
+        job = api.get(f"/v1/jobs/{job_id}", missing=missing)
+        status = api.get(f"/v1/jobs/{job_id}/status", missing=missing)
+        timeline = api.get(f"/v1/jobs/{job_id}/timeline", missing=missing)
+        directives = api.get(f"/v1/jobs/{job_id}/directives", missing=missing, limit=10)
     if as_json:
         _print_json({"job": job, "status": status, "timeline": timeline, "directives": directives})
         return
@@ -151,8 +198,9 @@ def jobs_show(
         typer.echo("  no progress reported yet")
     else:
         loss = progress.get("loss")
+        rate = figure(progress.get("samples_per_s"))
         typer.echo(f"  step {progress['step']}  world {progress['world_size']}  {progress['parallel_plan']}  "
-                   f"loss {loss if loss is None else round(loss, 5)}  samples/s {progress.get('samples_per_s')}  "
+                   f"loss {loss if loss is None else round(loss, 5)}  samples/s {rate}  "
                    f"compression {progress['compression']}  checkpoint every {progress['checkpoint_interval_steps']}")
     for entry in timeline:
         typer.echo(f"  from step {entry['step']:>6}: world {entry['world_size']} {entry['parallel_plan']} "
@@ -185,6 +233,8 @@ def events_tail(
         subject = f"hz.t.{validate_id('tenant', tenant)}.events.{kind_token}.{job_token}"
     except (UnknownEventKindError, InvalidIdError) as exc:
         _fail(str(exc), code=2)
+    from harmonaize import event_loop
+
     try:
         event_loop.run(
             _tail(settings.nats_url, seed, subject, count=count, as_json=as_json), choice=settings.event_loop
@@ -194,6 +244,8 @@ def events_tail(
 
 
 async def _tail(url: str, seed: str, subject: str, *, count: int | None, as_json: bool) -> None:
+    import asyncio
+
     import nats
 
     try:
@@ -234,6 +286,7 @@ def scenario_run(
     wait: Annotated[float, typer.Option(help="Seconds to collect the hosts' acknowledgements.", min=0.1)] = 2.0,
 ) -> None:
     """Inject a scenario into every running simulated host (as the provider)."""
+    from harmonaize import event_loop
     from provider_agents.telemetry.scenario import ScenarioError, ScenarioInjection, load_scenario
 
     try:
@@ -256,23 +309,48 @@ def scenario_run(
 
 
 async def _inject(url: str, secret: bytes, payload: bytes, wait: float) -> list[dict[str, Any]]:
-    from provider_agents.runtime import connect_provider
+    """Publish the injection as the provider and collect the hosts' answers.
+
+    A one-shot connection, not the long-running processes' `connect_provider`: that one reconnects forever and
+    reports every disconnection, and nats-py runs a connection's disconnected callback on a deliberate close() too,
+    so each normal exit printed "connection to the broker lost or closed". Here a broker lost mid-command is an
+    error to report, and the close at the end is quiet."""
+    import asyncio
+
+    import nats
+
+    from broker_config.keys import ProviderKeys
     from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT
 
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:  # nats-py logs these with a traceback unless someone takes them
+        errors.append(exc)
+
     try:
-        nc = await asyncio.wait_for(connect_provider(url, secret, name="hz-scenario-run"), 10)
+        nc = await asyncio.wait_for(
+            nats.connect(url, nkeys_seed_str=ProviderKeys(secret).provider.seed, name="hz-scenario-run",
+                         allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.5,
+                         connect_timeout=2, error_cb=on_error),
+            10,
+        )
     except Exception as exc:
-        _fail(f"cannot connect to the broker at {url}: {exc!r}")
+        cause = f" ({errors[-1]!r})" if errors and errors[-1] is not exc else ""
+        _fail(f"cannot connect to the broker at {url}: {exc!r}{cause}")
     replies: list[dict[str, Any]] = []
-    inbox = nc.new_inbox()
 
     async def collect(msg: Any) -> None:
-        replies.append(json.loads(msg.data))
+        if msg.data:  # an empty one is the broker's "no responders" status: no host listens
+            replies.append(json.loads(msg.data))
 
-    subscription = await nc.subscribe(inbox, cb=collect)
-    await nc.publish(SCENARIO_INJECT_SUBJECT, payload, reply=inbox)
-    await nc.flush()
-    await asyncio.sleep(wait)  # replies from an unknown number of hosts: collect for a fixed window
-    await subscription.unsubscribe()
-    await nc.close()
+    try:
+        inbox = nc.new_inbox()
+        await nc.subscribe(inbox, cb=collect)
+        await nc.publish(SCENARIO_INJECT_SUBJECT, payload, reply=inbox)
+        await nc.flush()
+        await asyncio.sleep(wait)  # replies from an unknown number of hosts: collect for a fixed window
+        if nc.is_closed or errors:
+            _fail(f"the broker at {url} failed during the injection: {errors[-1] if errors else 'connection lost'}")
+    finally:
+        await nc.close()
     return replies

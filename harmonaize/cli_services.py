@@ -25,8 +25,9 @@ part in a container of its own, from one image, so each part needs a command tha
   file; a `.env` because `Settings` reads one from the working directory, so a controller started there (compose:
   `working_dir`) needs no wrapper script to pick them up.
 
-Messages follow the CLI's rule: one line on stderr, exit 2 for bad input or configuration, 1 at run time. Heavy
-imports (FastAPI, SQLAlchemy, nats, uvicorn) happen inside the commands.
+Messages follow the CLI's rule: one line on stderr, exit 2 for bad input or configuration, 1 at run time. `harmonaize`
+imports this module on every invocation, so it imports only typer at module level; settings, the event loop, FastAPI,
+SQLAlchemy, nats and uvicorn are imported inside the commands.
 """
 
 from __future__ import annotations
@@ -36,13 +37,12 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
-from pydantic import ValidationError
 
-from harmonaize import event_loop
-from harmonaize.settings import Settings
+if TYPE_CHECKING:
+    from harmonaize.settings import Settings
 
 __all__ = ["app", "api_app", "broker_app", "DEMO_TENANT_ENV_FILE"]
 
@@ -67,6 +67,10 @@ def _fail(message: str, *, code: int = 1) -> NoReturn:
 
 
 def _settings() -> Settings:
+    from pydantic import ValidationError
+
+    from harmonaize.settings import Settings
+
     try:
         return Settings()
     except ValidationError as exc:
@@ -106,6 +110,8 @@ def api_serve(
     ] = True,
 ) -> None:
     """Serve the control-plane API until SIGTERM/SIGINT (settings from HZ_* variables)."""
+    from harmonaize import event_loop
+
     if json_logs:
         from api.log_context import configure_json_logging
 

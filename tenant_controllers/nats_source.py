@@ -127,7 +127,11 @@ class NatsEventSource:
             self.errors.append(str(exc))
             _log.warning("broker error: %s", exc)
 
+        client = Client()
+
         async def on_disconnect() -> None:
+            if client.is_closed:  # nats-py calls this on our own close() too: a stop, not a lost broker
+                return
             _log.warning("disconnected from the broker; reconnecting")
 
         async def on_reconnect() -> None:
@@ -135,7 +139,6 @@ class NatsEventSource:
             if self._pull is not None:
                 self._pull.forget_requests()
 
-        client = Client()
         try:
             await client.connect(
                 servers=self._servers,
