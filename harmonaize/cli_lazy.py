@@ -34,7 +34,9 @@ def real_command(target: str, name: str) -> click.Command:
 
 
 class _Lazy:
-    """Mixin: the real command is built on the first `make_context`, which every use of a command goes through."""
+    """Mixin: the real command is built on the first `make_context`, which every use of a command goes through, or
+    when its parameters, callback or sub-commands are looked at (tools that walk the command tree). What the parent's
+    listing reads (name, help, hidden, deprecated) is the registration's and loads nothing."""
 
     target: ClassVar[str]
     name: str | None
@@ -50,6 +52,23 @@ class _Lazy:
     ) -> click.Context:
         return self.real().make_context(info_name, args, parent=parent, **extra)
 
+    # click's __init__ assigns these from the placeholder registration; reads go to the real command.
+    @property
+    def params(self) -> list[click.Parameter]:
+        return self.real().params
+
+    @params.setter
+    def params(self, _placeholder: list[click.Parameter]) -> None:
+        pass
+
+    @property
+    def callback(self) -> Any:
+        return self.real().callback
+
+    @callback.setter
+    def callback(self, _placeholder: Any) -> None:
+        pass
+
 
 class LazyCommand(_Lazy, TyperCommand):
     """A listed command; its options are the real command's."""
@@ -57,6 +76,14 @@ class LazyCommand(_Lazy, TyperCommand):
 
 class LazyGroup(_Lazy, TyperGroup):
     """A listed group; its sub-commands are the real group's."""
+
+    @property
+    def commands(self) -> Any:
+        return self.real().commands  # type: ignore[attr-defined]
+
+    @commands.setter
+    def commands(self, _placeholder: Any) -> None:
+        pass
 
 
 def _not_loaded() -> None:  # the callback typer needs to register a command; never invoked (make_context delegates)

@@ -96,3 +96,11 @@ def test_lazy_commands_are_listed_with_their_real_help() -> None:
         assert name in listed.output
     run_help = CliRunner().invoke(app, ["controller", "run", "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
     assert run_help.exit_code == 0 and "--resync-interval" in run_help.output, "the real group parses its commands"
+
+
+def test_tools_walking_the_command_tree_see_the_real_commands() -> None:
+    """What tests/cloud/test_compose.py and completion do: sub-commands, parameters and callbacks are the real ones."""
+    lazy = lazy_entries(app)
+    assert "run" in lazy["controller"].commands  # type: ignore[attr-defined]
+    assert "host_id" in {param.name for param in lazy["agent"].params}
+    assert lazy["fleet-monitor"].callback is not None and lazy["fleet-monitor"].callback.__name__ != "_not_loaded"
