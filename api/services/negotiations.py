@@ -8,7 +8,8 @@ Acceptance is one transaction: the guarded state change (two accepts cannot both
 worker delta (scale up: new workers placed near the job's existing ones; scale down: its most recent workers
 released), the job's `desired_workers` / `parallel_plan`, the new desired state of every host touched, the round and
 the tenant's event. An option that replaces hosts (`replaced_hosts`: the tenant's failing hosts) moves the job's
-workers off them in the same transaction (`worker_replacement`), so the job gets a new epoch on the new host set. If
+workers off them in the same transaction (`worker_replacement`), so the job gets a new epoch on the new host set, and
+no later offer or placement for the job uses those hosts for a while (`worker_replacement.QUARANTINE`). If
 capacity has gone meanwhile, everything rolls back and the offer stays open (the tenant can counter); an offer whose
 expiry has passed is marked expired instead and cannot be accepted.
 """
@@ -51,7 +52,7 @@ from api.services.negotiation_store import (
     offer_of,
     public,
 )
-from api.services.worker_replacement import move_workers, resolve
+from api.services.worker_replacement import avoided_hosts, move_workers, resolve
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
 
@@ -95,6 +96,7 @@ async def _answer(
 ) -> tuple[NegotiationState, dict[str, object], str]:
     """Run the policy: (stored state, columns to set, the round's note)."""
     replacing = await resolve(session, job, terms.replace_hosts, secret=ctx.pseudonym_secret)
+    avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=ctx.now)
     decision = decide(
         kind,
         terms,
@@ -105,7 +107,7 @@ async def _answer(
             desired_workers=job.desired_workers,
             parallel_plan=job.parallel_plan,
         ),
-        capacity=await _free_capacity(session, exclude=replacing.host_ids),
+        capacity=await _free_capacity(session, exclude=replacing.host_ids | avoided),
         carbon=ctx.forecast.points(ctx.now),
         regions=Regions(current=ctx.region, known=ctx.known_regions or (ctx.region,)),
         now=ctx.now,
@@ -291,13 +293,17 @@ async def accept(
         await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option)
         job = await _job(session, tenant_id, negotiation.job_id)
         hosts: set[str] = set()
+        avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=now)
         if chosen.replaced_hosts and chosen.workers is not None:
             hosts |= await _replace(
-                session, job, chosen.replaced_hosts, chosen.workers, ctx, expires_at=offer.expires_at
+                session, job, chosen.replaced_hosts, chosen.workers, ctx, avoid=avoided, expires_at=offer.expires_at
             )
         elif chosen.workers is not None and chosen.workers != job.desired_workers:
             starts_at = chosen.start_at if chosen.start_at is not None and chosen.start_at > now else None
-            hosts |= await _resize(session, job, chosen.workers, now=now, starts_at=starts_at, expires_at=offer.expires_at)
+            hosts |= await _resize(
+                session, job, chosen.workers, now=now, starts_at=starts_at, avoid=avoided,
+                expires_at=offer.expires_at,
+            )
         if chosen.parallel_plan is not None and chosen.parallel_plan is not job.parallel_plan:
             await session.execute(
                 update(Job)
@@ -316,14 +322,15 @@ async def accept(
 
 
 async def _resize(
-    session: AsyncSession, job: Job, workers: int, *, now: datetime, starts_at: datetime | None, expires_at: datetime
+    session: AsyncSession, job: Job, workers: int, *, now: datetime, starts_at: datetime | None,
+    avoid: frozenset[str], expires_at: datetime,
 ) -> set[str]:
     delta = workers - job.desired_workers
     await change_job_workers(session, job, delta, expected_workers=job.desired_workers)
     if delta < 0:
         return await release_workers(session, job, -delta, now=now)
     try:
-        placed = await place_workers(session, job, delta, now=now, starts_at=starts_at)
+        placed = await place_workers(session, job, delta, now=now, starts_at=starts_at, exclude_hosts=avoid)
     except InsufficientCapacityError as exc:
         raise _capacity_gone(exc, expires_at) from exc
     return {placement.allocation.host_id for placement in placed}
@@ -331,11 +338,11 @@ async def _resize(
 
 async def _replace(
     session: AsyncSession, job: Job, names: Sequence[str], workers: int, ctx: NegotiationContext, *,
-    expires_at: datetime,
+    avoid: frozenset[str], expires_at: datetime,
 ) -> set[str]:
     resolved = await resolve(session, job, names, secret=ctx.pseudonym_secret)
     try:
-        return await move_workers(session, job, resolved.host_ids, workers, now=ctx.now)
+        return await move_workers(session, job, resolved.host_ids, workers, now=ctx.now, avoid=avoid)
     except InsufficientCapacityError as exc:
         raise _capacity_gone(exc, expires_at) from exc
 

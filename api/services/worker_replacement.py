@@ -10,23 +10,33 @@ matches none of them (a host already released, a made-up name) moves nothing.
 The move is one transaction with the rest of the acceptance: every live allocation of the job on those hosts is
 released, the job's size becomes the option's, and the difference is placed on other, healthy hosts (never a
 replaced one, never a down one), or the job's most recent remaining workers are released when the option is smaller.
+
+Afterwards the job stays off the hosts it replaced for `QUARANTINE` (`avoided_hosts`, derived from its accepted
+negotiations): otherwise its next growth request lands on the very slot the replacement freed, on a host still
+failing, and two controllers (a failure guard and a carbon scaler) move a worker on and off it every second.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.models import Allocation, Job
+from api.models import Allocation, Host, Job, Negotiation
 from api.services.ledger import change_job_workers, place_workers, release_workers, release_workers_on
 from api.services.negotiation_policy import NO_REPLACEMENT, Replacement
+from harmonaize.negotiation import NegotiationKind, NegotiationState
 from harmonaize.pseudonyms import host_pseudonym
 
-__all__ = ["ResolvedReplacement", "move_workers", "resolve"]
+__all__ = ["QUARANTINE", "ResolvedReplacement", "avoided_hosts", "move_workers", "resolve"]
+
+QUARANTINE = timedelta(hours=1)
+"""How long a job's new workers stay off a host it replaced. The control plane has no health record of hosts that are
+up, so it cannot tell when the host is repaired; an hour outlasts a predicted failure's usual horizon and a repair is
+rarely quicker, while a small fleet does not lose the host to the job for good."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +66,39 @@ async def resolve(
     return ResolvedReplacement(replacement=replacement, host_ids=frozenset(by_name[name][0] for name in present))
 
 
+async def avoided_hosts(session: AsyncSession, job: Job, *, secret: bytes, now: datetime) -> frozenset[str]:
+    """The hosts the job replaced in an accepted negotiation within `QUARANTINE` (internal ids)."""
+    rows = await session.execute(
+        select(Negotiation.offer, Negotiation.accepted_option).where(
+            Negotiation.tenant_id == job.tenant_id,
+            Negotiation.job_id == job.id,
+            Negotiation.kind == NegotiationKind.SCALE,
+            Negotiation.state == NegotiationState.ACCEPTED,
+            Negotiation.updated_at >= now - QUARANTINE,
+        )
+    )
+    names: set[str] = set()
+    for offer, index in rows:
+        options = (offer or {}).get("options") or []
+        if index is not None and 0 <= index < len(options):
+            names.update(options[index].get("replaced_hosts") or ())
+    if not names:
+        return frozenset()
+    hosts = await session.scalars(select(Host.id))
+    return frozenset(host for host in hosts if host_pseudonym(secret, job.tenant_id, host) in names)
+
+
 async def move_workers(
-    session: AsyncSession, job: Job, host_ids: frozenset[str], workers: int, *, now: datetime
+    session: AsyncSession,
+    job: Job,
+    host_ids: frozenset[str],
+    workers: int,
+    *,
+    now: datetime,
+    avoid: frozenset[str] = frozenset(),
 ) -> set[str]:
-    """Take the job's workers off `host_ids` and give it `workers` in all on other hosts; returns the hosts touched.
+    """Take the job's workers off `host_ids` and give it `workers` in all on other hosts (never on `avoid` either);
+    returns the hosts touched.
 
     Inside the caller's transaction. The job must still have the size it had when the offer was made (ConflictError
     otherwise); InsufficientCapacityError when the healthy hosts' room is gone (the caller rolls back: nothing moved).
@@ -71,6 +110,6 @@ async def move_workers(
     if workers < kept:
         touched |= await release_workers(session, job, kept - workers, now=now)
     elif workers > kept:
-        placed = await place_workers(session, job, workers - kept, now=now, exclude_hosts=host_ids)
+        placed = await place_workers(session, job, workers - kept, now=now, exclude_hosts=host_ids | avoid)
         touched |= {placement.allocation.host_id for placement in placed}
     return touched

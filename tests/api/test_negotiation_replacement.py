@@ -3,7 +3,8 @@
 The tenant keeps its size after a failure (or a predicted one) and names the host as its Failure event did
 (`replace_hosts`, the tenant's pseudonym): the provider offers the worker on a healthy host where there is room and
 says so, drops it when the tenant's range allows and there is none, declines otherwise; the accepted option commits
-the ledger (failing host out, healthy host in), a new epoch on the new host set, and the job's status shows it.
+the ledger (failing host out, healthy host in), a new epoch on the new host set, and the job's status shows it; the
+job is not placed back on that host until the quarantine ends.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from sqlalchemy import select
 
 from api.models import Host, OutboxTopic
 from api.services.ledger import list_placements
+from api.services.worker_replacement import QUARANTINE
 from harmonaize.desired_state import HostAssignment
 from harmonaize.negotiation import RoundAction
 from harmonaize.pseudonyms import host_pseudonym
-from tests.api.api_testkit import PROVIDER_SECRET, TenantHandle, create_host, create_job, field_names
+from tests.api.api_testkit import PROVIDER_SECRET, FakeClock, TenantHandle, create_host, create_job, field_names
 from tests.api.negotiation_kit import act, ledger_totals, negotiate, outbox
 
 INTERNAL_HOST = re.compile(r"\bh[1-3]\b")
@@ -101,6 +103,23 @@ async def test_the_failing_hosts_worker_moves_to_a_healthy_host_with_a_new_epoch
     for host in ("h2", "h3"):
         (job,) = written[host].jobs
         assert (job.job, job.workers, job.epoch, job.nodes) == ("train", 1, after["placement_epoch"], 2)
+
+
+async def test_the_job_is_not_placed_back_on_the_host_it_replaced_until_the_quarantine_ends(
+    app: FastAPI, client: httpx.AsyncClient, placed: TenantHandle, clock: FakeClock
+) -> None:
+    moved = await negotiate(client, placed, "train", key="move", desired_workers=2,
+                            replace_hosts=[seen_as(placed, "h1")])
+    assert (await act(client, placed, moved["id"], RoundAction.ACCEPT)).status_code == 200
+    assert (await allocated(app))["h1"] == (0, 4)
+
+    grow = await negotiate(client, placed, "train", key="grow", desired_workers=3)
+    assert grow["state"] == "declined" and "room for 0 more" in grow["rounds"][-1]["note"], "h1 is free but failing"
+    clock.advance(seconds=QUARANTINE.total_seconds() + 1)
+    later = await negotiate(client, placed, "train", key="later", desired_workers=3)
+    assert only_option(later)["workers"] == 3
+    assert (await act(client, placed, later["id"], RoundAction.ACCEPT)).status_code == 200
+    assert await hosts_of(app, "train") == ["h1", "h2", "h3"]
 
 
 async def test_no_healthy_room_is_a_decline_with_the_reason_or_the_smaller_size_the_range_allows(
