@@ -96,7 +96,8 @@ def up(
         Optional[int], typer.Option(help="Simulated GPU hosts, in 2 locality groups (default: the scenario's 4).", min=1, max=64)
     ] = None,
     scenario: Annotated[
-        Optional[Path], typer.Option(help="Scenario YAML the simulated hosts live through (default: the demo's).")
+        Optional[Path],
+        typer.Option(help="Scenario YAML the simulated hosts live through (default: a quiet fleet, no episodes)."),
     ] = None,
     fleet: Annotated[bool, typer.Option(help="Start the simulated hosts' agents and the provider's loops.")] = True,
     demo: Annotated[
@@ -136,7 +137,9 @@ def up(
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         scenario = settings.data_dir / "demo-scenario.yaml"
         scenario.write_text(DEMO_SCENARIO)
-        story = DemoStory(console=Console(), done_marker=settings.data_dir / "demo-summary.json")
+        story = DemoStory(
+            console=Console(), done_marker=settings.data_dir / "demo-summary.json", hand_over=True
+        )
     try:
         event_loop.run(
             run_local_cloud(
@@ -167,7 +170,7 @@ def demo(
     summary_json: Annotated[Optional[Path], typer.Option(help="Also write the summary as JSON here.")] = None,
     live: Annotated[Optional[bool], typer.Option(help="Live status table (default: when stdout is a terminal).")] = None,
 ) -> None:
-    """Run DESIGN.md's story on a fresh local cloud with a real training job and the example controllers (~3 min)."""
+    """Run the demo story on a fresh local cloud with a real training job and the example controllers (~3 min)."""
     import tempfile
 
     from rich.console import Console
