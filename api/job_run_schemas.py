@@ -1,4 +1,5 @@
-"""Bodies and views of running jobs: micro-loop directive proposals, directive history, status and timeline."""
+"""Bodies and views of running jobs: micro-loop directive proposals, directive history, status (with the node failures)
+and timeline."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Self
 from pydantic import BaseModel, Field
 
 from api.models import JobDirective, JobTimelineEntry
+from api.models_node_failures import JobNodeFailure
 from api.schemas import MAX_INT, MAX_POWERSGD_RANK, _Body
 from harmonaize.job_runtime import JobProgress
+from harmonaize.events import FailureKind
 from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.pseudonyms import host_pseudonym
 
 
 class DirectiveProposalBody(_Body):
@@ -51,6 +55,30 @@ class DirectivePublic(BaseModel):
         )
 
 
+class NodeFailurePublic(BaseModel):
+    """A node of the job that failed on a host that is itself fine (the host under the tenant's pseudonym)."""
+
+    host: str
+    epoch: int
+    kind: str = Field(description="node_hung (killed; its workers left the job) or node_failed (out of restarts).")
+    reason: str = Field(description="frozen, stalled or out_of_restarts.")
+    step: int | None
+    left_job: bool = Field(description="The node's workers left the job (a new epoch runs without them).")
+    detected_at: datetime
+
+    @classmethod
+    def from_model(cls, record: JobNodeFailure, *, secret: bytes) -> Self:
+        return cls(
+            host=host_pseudonym(secret, record.tenant_id, record.host_id),
+            epoch=record.epoch,
+            kind=(FailureKind.NODE_HUNG if record.reason.hung else FailureKind.NODE_FAILED).value,
+            reason=record.reason.value,
+            step=record.step,
+            left_job=record.released,
+            detected_at=record.detected_at,
+        )
+
+
 class JobStatusPublic(BaseModel):
     """The job's latest reported progress (absent until its first step) and the shapes it ran in."""
 
@@ -60,6 +88,11 @@ class JobStatusPublic(BaseModel):
     placement_epoch: int
     progress: JobProgress | None
     reported_at: datetime | None
+    node_failures: list[NodeFailurePublic] = Field(
+        default_factory=list,
+        description="The latest node failures, newest first; one in `placement_epoch` that did not leave the job "
+        "means the job stands still there until its epoch moves on.",
+    )
 
 
 class TimelineEntryPublic(BaseModel):

@@ -385,3 +385,6 @@ class JobTimelineEntry(Base):
     step: Mapped[int] = mapped_column(Integer)
     resumed_from_step: Mapped[int | None] = mapped_column(Integer, default=None)
     at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+import api.models_node_failures  # noqa: E402,F401  (its table, on the same metadata; a module of its own for size)

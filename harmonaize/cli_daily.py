@@ -202,6 +202,16 @@ def jobs_show(
         typer.echo(f"  step {progress['step']}  world {progress['world_size']}  {progress['parallel_plan']}  "
                    f"loss {loss if loss is None else round(loss, 5)}  samples/s {rate}  "
                    f"compression {progress['compression']}  checkpoint every {progress['checkpoint_interval_steps']}")
+    for failure in status.get("node_failures", []):
+        if failure["left_job"]:
+            outcome = "its workers left the job"
+        elif failure["epoch"] == job["placement_epoch"]:
+            outcome = "the job stands still until its epoch moves on"
+        else:
+            outcome = "an earlier epoch"
+        step = "?" if failure["step"] is None else failure["step"]
+        typer.echo(f"  node failure: {failure['kind']} ({failure['reason']}) on {failure['host']} at step {step}, "
+                   f"epoch {failure['epoch']}, {failure['detected_at'][:19]}: {outcome}")
     for entry in timeline:
         typer.echo(f"  from step {entry['step']:>6}: world {entry['world_size']} {entry['parallel_plan']} "
                    f"(epoch {entry['epoch']}, {entry['at'][:19]})")

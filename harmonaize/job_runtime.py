@@ -6,6 +6,7 @@ tenant's code and must not hold broker credentials, and because files outlive ei
     $HZ_RUN_SPEC                   -> `WorkerSpec` (JSON, written once per node start by the launcher)
     <control_dir>/directives.json  -> `Directives` (the provider's current micro-level settings; rewritten atomically)
     <control_dir>/progress.json    -> `JobProgress` (written atomically by the job's global rank 0)
+    <control_dir>/liveness-<local rank>.json -> `NodeLiveness` (every worker's beat, step and phase)
 
 Directives are *level* state, like the desired state of hosts: the file says what the provider currently wants
 (compression fp16, checkpoint every 10 steps, ...), each rewrite with a higher `version`. A one-off request
@@ -34,7 +35,12 @@ from harmonaize.jobs import Compression, ParallelPlan
 
 __all__ = [
     "CONTROL_DIRECTIVES_FILE",
+    "CONTROL_LIVENESS_GLOB",
     "CONTROL_PROGRESS_FILE",
+    "LIVENESS_BEAT_INTERVAL_S",
+    "NodeLiveness",
+    "NodePhase",
+    "liveness_path",
     "ENV_NODE_MARKER",
     "ENV_RUN_SPEC",
     "DirectiveOutcome",
@@ -56,6 +62,9 @@ ENV_NODE_MARKER = "HZ_NODE_ID"
 workers, and only its own cloud's."""
 CONTROL_DIRECTIVES_FILE = "directives.json"
 CONTROL_PROGRESS_FILE = "progress.json"
+CONTROL_LIVENESS_GLOB = "liveness-*.json"
+LIVENESS_BEAT_INTERVAL_S = 0.5
+"""How often a worker's beat thread rewrites its liveness file; the launcher's hang bounds are many beats long."""
 
 MAX_OUTCOMES = 20
 MAX_COUNT = 2**53
@@ -190,6 +199,50 @@ class JobProgress(_Model):
     directives_version: int = Field(default=0, ge=0, le=MAX_COUNT, description="The last directives version handled.")
     outcomes: tuple[DirectiveOutcome, ...] = Field(default=(), max_length=MAX_OUTCOMES)
     updated_at: datetime
+
+
+class NodePhase(StrEnum):
+    """Where a worker is, as far as the hang detector needs to know: may its step stand still without it being hung?"""
+
+    STARTING = "starting"
+    """Rendezvous, process group, resume from a checkpoint: waits on peers and storage."""
+    STEP = "step"
+    """Inside `train_step`: forward, backward, optimizer, and the collectives the plan puts there (waits on peers)."""
+    AGREEMENT = "agreement"
+    """The step boundary's all-reduce: waits on every peer."""
+    CHECKPOINT = "checkpoint"
+    """Saving a checkpoint (collective, and as slow as the storage)."""
+    SCRIPT = "script"
+    """Between steps, in the tenant's own loop: the runtime waits on nobody there, so the step must come back."""
+    STOPPING = "stopping"
+    """Final progress and the goodbye barrier."""
+
+
+class NodeLiveness(_Model):
+    """One worker's liveness, rewritten by a daemon thread every `LIVENESS_BEAT_INTERVAL_S`.
+
+    `beats` grows with every write: a reader that sees it stand still knows the process is not running at all
+    (SIGSTOP, a call that holds the GIL), which a worker blocked on a peer never is (its thread keeps beating).
+    `step` and `transitions` (phase changes so far) tell the reader whether the worker is getting anywhere. No
+    timestamps: the reader times what it sees on its own clock, so no clock needs to agree with another.
+    """
+
+    tenant: TenantId
+    job: JobId
+    epoch: int = Field(ge=0, le=MAX_COUNT)
+    local_rank: int = Field(ge=0, le=MAX_WORLD)
+    pid: int = Field(ge=1)
+    beats: int = Field(ge=0, le=MAX_COUNT)
+    step: int = Field(ge=0, le=MAX_COUNT)
+    phase: NodePhase
+    transitions: int = Field(ge=0, le=MAX_COUNT)
+    step_time_s: float | None = Field(
+        default=None, ge=0, le=1e9, allow_inf_nan=False, description="Median time between recent steps."
+    )
+
+
+def liveness_path(control_dir: Path, local_rank: int) -> Path:
+    return control_dir / f"liveness-{local_rank}.json"
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -1,8 +1,8 @@
 """The provider components' client for the control plane's provider routes (admin token, HTTP).
 
-Node launchers relay job progress, the fleet monitor reports host outages, the micro loop proposes directives. All
-calls are idempotent on the server side, so a caller simply retries on a transport error or a 5xx; a 4xx is the
-control plane refusing the request, raised with its reason (`ControlPlaneRefusal`).
+Node launchers relay job progress and report failed nodes, the fleet monitor reports host outages, the micro loop
+proposes directives. All calls are idempotent on the server side, so a caller simply retries on a transport error or a
+5xx; a 4xx is the control plane refusing the request, raised with its reason (`ControlPlaneRefusal`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from harmonaize.job_runtime import JobProgress
+from harmonaize.node_failures import NodeFailureReport
 
 __all__ = ["ControlPlane", "ControlPlaneRefusal"]
 
@@ -63,6 +64,11 @@ class ControlPlane:
     async def report_progress(self, progress: JobProgress) -> bool:
         body = await self._call("POST", "/v1/provider/progress", json=progress.model_dump(mode="json"))
         return bool(body and body.get("newer"))
+
+    async def report_node_failure(self, failure: NodeFailureReport) -> str:
+        """What the control plane did: 'released' (the node left the job), 'recorded', 'duplicate' or 'stale'."""
+        body = await self._call("POST", "/v1/provider/node-failures", json=failure.model_dump(mode="json"))
+        return str(body.get("outcome", "")) if body else ""
 
     async def report_host_down(self, host: str) -> list[str]:
         body = await self._call("POST", f"/v1/provider/hosts/{host}/down")

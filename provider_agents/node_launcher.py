@@ -22,6 +22,13 @@ the assignment's directives version changes; the job applies them at a step boun
 goes the other way: the job's global rank 0 writes `progress.json`, and the launcher of the host it runs on relays
 each new version to the control plane.
 
+A node can fail while its host is fine, which no heartbeat shows: it hangs, or it keeps exiting with an error. Every
+worker beats into a liveness file; `watch` judges each running node with a `hang_detector` (frozen: no beat; stalled:
+no step back from the script's own code, each against a bound from the job's step time), kills a hung node at once
+(SIGKILL: a stopped process takes no other signal, and its peers are stuck until it is gone) and reports it to the
+control plane, which takes the node out of the job like a failed host's. A node out of restarts is reported the same
+way, so the job's status and the tenant's events say why its step no longer moves.
+
 NOTES traps handled here: `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (scale-up deadlock in torch 2.13), keep-alive
 attempts >= 3 (split brain), workers found by marker (orphans), the store hosted outside the worker hosts.
 """
@@ -37,6 +44,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -52,9 +60,12 @@ from harmonaize.job_runtime import (
     read_model,
     write_model_atomically,
 )
+from harmonaize.node_failures import NodeFailureReason, NodeFailureReport
 from harmonaize.pseudonyms import locality_pseudonym
+from provider_agents.hang_detector import HangBounds, HangDetector
 from provider_agents.markers import host_prefix, node_marker
 from provider_agents.processes import alive, marked_processes, signal_marked
+from provider_agents.node_watch import clear_liveness, read_liveness
 from provider_agents.warm_torchrun import WarmTorchrun, node_env
 
 __all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF"]
@@ -66,6 +77,8 @@ RDZV_CONF = "is_host=0,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_
 
 EndpointLookup = Callable[[str, str], Awaitable[str | None]]
 ProgressSink = Callable[[JobProgress], Awaitable[None]]
+FailureSink = Callable[[NodeFailureReport], Awaitable[None]]
+"""Takes a node failure to the control plane; raises to have it retried on the next `watch` pass."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,8 @@ class LauncherConfig:
     monitor_interval_s: float = 0.5
     extra_env: Mapping[str, str] = field(default_factory=dict)
     warm: bool = True
+    hang_bounds: HangBounds = HangBounds()
+    """When a running node counts as hung (`hang_detector`)."""
     """Keep a torchrun agent with torch already imported, ready to become the next node (`warm_torchrun`)."""
 
 
@@ -113,6 +128,10 @@ class _Node:
     agent_marker: str | None = None
     """The marker in the torchrun agent's own environment when it was a warm process (its workers carry `marker`)."""
     settled: bool = False
+    detector: HangDetector | None = None
+    failure: NodeFailureReport | None = None
+    """Why the node failed in its epoch (hung and killed, or out of restarts); sent until the control plane has it."""
+    failure_sent: bool = False
     """Exited and dealt with (finished, or out of restarts): nothing more to do until the epoch moves on."""
 
     def running(self) -> bool:
@@ -131,11 +150,13 @@ class NodeLauncher:
         secret: bytes,
         endpoints: EndpointLookup,
         on_progress: ProgressSink | None = None,
+        on_failure: FailureSink | None = None,
     ) -> None:
         self.config = config
         self._secret = secret
         self._endpoints = endpoints
         self._on_progress = on_progress
+        self._on_failure = on_failure
         self._nodes: dict[tuple[str, str], _Node] = {}
         self._busy: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._directives_written: dict[tuple[str, str], int] = {}
@@ -270,6 +291,9 @@ class NodeLauncher:
             node.settled = True
             log.error("host %s: node %s failed %d times; giving up until the next epoch",
                       self.config.host, node.marker, node.failures + 1)
+            node.failure = self._failure_report(
+                node, NodeFailureReason.OUT_OF_RESTARTS, detail=f"exit code {code}, {node.failures + 1} failures"
+            )
             return
         log.warning("host %s: node %s exited with %s; restarting", self.config.host, node.marker, code)
         failures = node.failures + 1
@@ -279,6 +303,7 @@ class NodeLauncher:
     async def _start(self, spec: NodeSpec, job: AssignedJob, group: str, *, failures: int = 0) -> None:
         control = self.control_dir(spec.tenant, spec.job)
         control.mkdir(parents=True, exist_ok=True)
+        clear_liveness(control)
         checkpoint_dir = self.config.checkpoint_root / spec.tenant / spec.job
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         worker_spec = WorkerSpec(
@@ -434,6 +459,59 @@ class NodeLauncher:
         await self._on_progress(progress)
         self._progress_seen[key] = stamp
         return 1
+
+
+    # -- hangs and node failures ---------------------------------------------------------------------------------
+
+    async def watch(self) -> int:
+        """Judge every running node for a hang and kill a hung one; then send the failures not yet reported.
+
+        A hung node is settled like one out of restarts: nothing restarts it in its epoch, since its peers are
+        stuck with it and only a new epoch (the control plane's answer to the report) re-forms the job. Returns how
+        many reports went out.
+        """
+        for key, node in list(self._nodes.items()):
+            if key in self._busy or node.settled or not node.running():
+                continue
+            if node.detector is None:
+                node.detector = HangDetector(self.config.hang_bounds)
+            spec = node.spec
+            records = read_liveness(
+                self.control_dir(*key), tenant=spec.tenant, job=spec.job, epoch=spec.epoch, marker=node.marker
+            )
+            verdict = node.detector.observe(records)
+            if verdict is None:
+                continue
+            log.error("host %s: node %s is hung: %s; killing it", self.config.host, node.marker, verdict.describe())
+            node.settled = True
+            node.failure = self._failure_report(node, verdict.reason, step=verdict.step, detail=verdict.describe())
+            self._spawn(key, self._stop(node, RestartMode.IMMEDIATE))
+        return await self._send_failures()
+
+    def _failure_report(
+        self, node: _Node, reason: NodeFailureReason, *, step: int | None = None, detail: str = ""
+    ) -> NodeFailureReport:
+        return NodeFailureReport(
+            tenant=node.spec.tenant, job=node.spec.job, host=self.config.host, epoch=node.spec.epoch, reason=reason,
+            step=step, detected_at=datetime.now(UTC), detail=detail[:500],
+        )
+
+    async def _send_failures(self) -> int:
+        if self._on_failure is None:
+            return 0
+        sent = 0
+        for node in list(self._nodes.values()):
+            if node.failure is None or node.failure_sent:
+                continue
+            try:
+                await self._on_failure(node.failure)
+            except Exception as exc:
+                log.warning("host %s: could not report node %s failed: %r; retrying",
+                            self.config.host, node.marker, exc)
+                continue
+            node.failure_sent = True
+            sent += 1
+        return sent
 
 
 def _launchable(assignment: HostAssignment) -> dict[tuple[str, str], AssignedJob]:

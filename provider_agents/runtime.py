@@ -27,15 +27,17 @@ from broker_config.keys import ProviderKeys
 from harmonaize import event_loop
 from harmonaize.desired_state import HostAssignment
 from harmonaize.heap import freeze_startup_heap
+from harmonaize.node_failures import NodeFailureReport
 from harmonaize.settings import Settings
 from provider_agents.agent import Agent, AgentConfig
 from provider_agents.changes import DEFAULT_CARBON_EVERY
 from provider_agents.desired import FleetView, ensure_desired_state_bucket
-from provider_agents.control_plane import ControlPlane
+from provider_agents.control_plane import ControlPlane, ControlPlaneRefusal
 from provider_agents.fleet_monitor import FleetMonitor
 from provider_agents.micro_loop import MicroLoop
 from provider_agents.markers import cloud_id
-from provider_agents.node_launcher import LauncherConfig, NodeLauncher
+from provider_agents.node_launcher import FailureSink, LauncherConfig, NodeLauncher
+from provider_agents.node_watch import WATCH_INTERVAL_S
 from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
 from provider_agents.publisher import CoreSink, JetStreamPublisher
 from provider_agents.telemetry.detect import SourceKind, detect_source
@@ -279,7 +281,27 @@ def _launcher(
         cloud=cloud_id(secret, settings.data_dir),
         grace_s=options.grace_s,
     )
-    return NodeLauncher(config, secret=secret, endpoints=endpoint, on_progress=control.report_progress)
+    return NodeLauncher(
+        config,
+        secret=secret,
+        endpoints=endpoint,
+        on_progress=control.report_progress,
+        on_failure=_failure_sink(control),
+    )
+
+
+def _failure_sink(control: ControlPlane) -> FailureSink:
+    async def report(failure: NodeFailureReport) -> None:
+        try:
+            outcome = await control.report_node_failure(failure)
+        except ControlPlaneRefusal as exc:  # a refused report stays refused: log it instead of retrying
+            log.error("control plane refused the node failure of %s/%s on %s: %s",
+                      failure.tenant, failure.job, failure.host, exc.reason)
+            return
+        log.warning("node failure of %s/%s on %s (%s, epoch %d) reported: %s",
+                    failure.tenant, failure.job, failure.host, failure.reason.value, failure.epoch, outcome)
+
+    return report
 
 
 def _launcher_loops(launcher: NodeLauncher, fleet: FleetView, host: str, stop: asyncio.Event) -> list[asyncio.Task[None]]:
@@ -296,10 +318,14 @@ def _launcher_loops(launcher: NodeLauncher, fleet: FleetView, host: str, stop: a
     async def relay() -> None:
         await launcher.relay_progress(assignment())
 
+    async def watch() -> None:
+        await launcher.watch()
+
     loop = asyncio.get_running_loop()
     return [
         loop.create_task(_every(0.1, converge, stop), name=f"hz-launcher-{host}"),
         loop.create_task(_every(0.2, relay, stop, abandon_on_stop=True), name=f"hz-progress-{host}"),
+        loop.create_task(_every(WATCH_INTERVAL_S, watch, stop, abandon_on_stop=True), name=f"hz-watch-{host}"),
     ]
 
 

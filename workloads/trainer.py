@@ -11,6 +11,8 @@ stop flag, its loss, and, from global rank 0 only, a directive version newer tha
 so the sum is rank 0's values exactly). From the same reduced vector every rank derives the same decisions: stop
 after this step, apply or refuse that directive version, checkpoint now. That is what makes "all ranks change at the
 same step" true without extra rounds. Then, if due, a checkpoint (see `checkpoint`), then progress (rank 0).
+Every worker also tells its host which phase it is in (step, agreement, checkpoint, the script's own code between
+steps) through its liveness beat (`liveness`), so the launcher can tell a hung node from one waiting on a peer.
 
 What a checkpoint holds beyond model and optimizer (`trainer.json`): the step, the last applied directives (level
 state laid over the script's defaults on resume), the last handled directive version and `checkpoint_requests`
@@ -37,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveStatus
+from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveStatus, NodePhase
 from harmonaize.jobs import Compression, ParallelPlan
 from workloads.checkpoint import CheckpointIO, checkpoint_name
 from workloads.compression import CompressionSetting, wrap_ddp
@@ -52,6 +54,7 @@ from workloads.directives import (
     with_compression_possible,
 )
 from workloads.dump import dump_mesh, dump_model
+from workloads.liveness import LivenessBeacon
 from workloads.plans import ParallelSetup, plan_parallelism, shard_model
 from workloads.progress import ProgressReporter, ThroughputMeter
 from workloads.signals import StopFlag
@@ -130,6 +133,7 @@ class TrainingRun:
         self._module: nn.Module
         self._model: nn.Module
         self._optimizer: Optimizer
+        self._beacon: LivenessBeacon
 
     # -- public state ---------------------------------------------------------------------------------------------
 
@@ -205,6 +209,28 @@ class TrainingRun:
         if self._started:
             return self
         began = time.monotonic()
+        self._beacon = LivenessBeacon(
+            self.config.control_dir if self.config.has_spec else None,
+            tenant=self.config.tenant,
+            job=self.config.job,
+            epoch=self.config.epoch,
+            local_rank=self.local_rank,
+        )
+        self._beacon.start()
+        try:
+            self._start()
+        except BaseException:
+            self._beacon.stop()
+            raise
+        self._beacon.enter(NodePhase.SCRIPT)
+        self._info(
+            "ready at step %d: world %d, plan %s, batch %d x %d, checkpoint every %d (start took %.2f s)",
+            self._step, self.world_size, self.plan.value, self.settings.batch_size,
+            self.settings.gradient_accumulation, self.settings.checkpoint_interval_steps, time.monotonic() - began,
+        )
+        return self
+
+    def _start(self) -> None:
         self._device = self._init_process_group()
         self.parallel = plan_parallelism(
             self.config.parallel_plan, self.config.locality_group, device_type=self._device.type
@@ -256,14 +282,9 @@ class TrainingRun:
         self._reader = DirectiveReader(self.config.control_dir if self.rank == 0 else None)
         self._started = True
         self._running = True
+        self._beacon.stepped(self._step)
         self._report(force=True)
         self._boundary(local_loss=None)
-        self._info(
-            "ready at step %d: world %d, plan %s, batch %d x %d, checkpoint every %d (start took %.2f s)",
-            self._step, self.world_size, self.plan.value, self.settings.batch_size,
-            self.settings.gradient_accumulation, self.settings.checkpoint_interval_steps, time.monotonic() - began,
-        )
-        return self
 
     def close(self, *, failed: bool = False) -> None:
         """Write final progress and leave the process group; after a failure, touch nothing collective.
@@ -276,7 +297,9 @@ class TrainingRun:
             return
         self._closed = True
         if failed:
+            self._beacon.stop()
             return
+        self._beacon.enter(NodePhase.STOPPING)
         self._report(force=True)
         self._info("exiting at step %d (%s)", self._step, self._stop_reason or "closed")
         if self._own_process_group and dist.is_initialized():
@@ -285,6 +308,7 @@ class TrainingRun:
             self._model = self._module
             self.parallel.mesh = None
             gc.collect()
+        self._beacon.stop()
 
     def request_stop(self) -> None:
         """Stop after the current step as if SIGTERM had arrived (agreed at the next boundary, checkpointed)."""
@@ -299,6 +323,7 @@ class TrainingRun:
         """
         if not self._running:
             raise RuntimeError("the run has stopped (check `running` before stepping)")
+        self._beacon.enter(NodePhase.STEP)
         settings = self.settings
         total = 0.0
         for micro in range(settings.gradient_accumulation):
@@ -317,8 +342,10 @@ class TrainingRun:
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         self._step += 1
+        self._beacon.stepped(self._step)
         self._meter.record(settings.batch_size * settings.gradient_accumulation * self.world_size)
         self._boundary(local_loss=total / settings.gradient_accumulation)
+        self._beacon.enter(NodePhase.SCRIPT)
         return self._loss if self._loss is not None else float("nan")
 
     def micro_batches(self) -> Iterator[MicroBatch]:
@@ -335,6 +362,7 @@ class TrainingRun:
         pending = self._reader.pending(self._handled_version) if self.rank == 0 else None
         vector = [1.0 if self._stop else 0.0, local_loss or 0.0, *encode(pending)]
         agreed = torch.tensor(vector, dtype=torch.float64)
+        self._beacon.enter(NodePhase.AGREEMENT)
         dist.all_reduce(agreed, op=dist.ReduceOp.SUM)
         values = agreed.tolist()
         stop = values[0] > 0
@@ -351,6 +379,7 @@ class TrainingRun:
         due = checkpoint_now or stop or finished or since >= self.settings.checkpoint_interval_steps
         saved = False
         if due and self.last_checkpoint_step != self._step and (self._step > 0 or checkpoint_now):
+            self._beacon.enter(NodePhase.CHECKPOINT)
             self._save()
             saved = True
         if stop or finished:

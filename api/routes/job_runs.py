@@ -2,7 +2,8 @@
 
 Tenant routes (`/jobs/{id}/status|timeline|directives`) are scoped by `CurrentTenant` like every tenant route.
 Provider routes (`/provider/...`, admin token) are how the provider's own components feed the control plane: the
-micro loop proposes directives, node launchers relay progress, the fleet monitor reports host outages.
+micro loop proposes directives, node launchers relay progress and report failed nodes, the fleet monitor reports host
+outages.
 """
 
 from __future__ import annotations
@@ -11,22 +12,32 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import AdminDep, CurrentTenant, NowDep, SessionDep, WakeRelayDep
-from api.job_run_schemas import DirectiveProposalBody, DirectivePublic, JobStatusPublic, TimelineEntryPublic
+from api.deps import AdminDep, CurrentTenant, NowDep, PseudonymSecretDep, SessionDep, WakeRelayDep
+from api.job_run_schemas import (
+    DirectiveProposalBody,
+    DirectivePublic,
+    JobStatusPublic,
+    NodeFailurePublic,
+    TimelineEntryPublic,
+)
 from api.host_schemas import HostPublic
-from api.services import host_outages, job_directives, job_progress
+from api.services import host_outages, job_directives, job_progress, node_failures
 from api.services import jobs as jobs_service
 from api.services.errors import InvalidRequestError
 from harmonaize.ids import HostId, JobId, TenantId
 from harmonaize.job_runtime import JobProgress
+from harmonaize.node_failures import NodeFailureReport
 
 router = APIRouter(tags=["running jobs"])
 
 
 @router.get("/jobs/{job_id}/status")
-async def get_job_status(job_id: JobId, tenant: CurrentTenant, session: SessionDep) -> JobStatusPublic:
+async def get_job_status(
+    job_id: JobId, tenant: CurrentTenant, session: SessionDep, secret: PseudonymSecretDep
+) -> JobStatusPublic:
     job = await jobs_service.get_job(session, tenant_id=tenant.id, job_id=job_id)
     status = await job_progress.job_status(session, tenant_id=tenant.id, job_id=job_id)
+    failures = await node_failures.recent_node_failures(session, tenant_id=tenant.id, job_id=job_id)
     return JobStatusPublic(
         job_id=job.id,
         desired_workers=job.desired_workers,
@@ -34,6 +45,7 @@ async def get_job_status(job_id: JobId, tenant: CurrentTenant, session: SessionD
         placement_epoch=job.placement_epoch,
         progress=None if status is None else JobProgress.model_validate(status.progress),
         reported_at=None if status is None else status.reported_at,
+        node_failures=[NodeFailurePublic.from_model(failure, secret=secret) for failure in failures],
     )
 
 
@@ -91,6 +103,26 @@ async def report_progress(
     newer = await job_progress.report_progress(session, body, now=now)
     wake()
     return {"newer": newer}
+
+
+@router.post("/provider/node-failures")
+async def report_node_failure(
+    body: NodeFailureReport,
+    _admin: AdminDep,
+    session: SessionDep,
+    now: NowDep,
+    wake: WakeRelayDep,
+    secret: PseudonymSecretDep,
+) -> dict[str, str]:
+    """A node launcher found a job's node hung (and killed it) or gave up restarting it (idempotent).
+
+    `outcome`: `released` (the hung node's workers left the job: new epoch, immediate restart), `recorded` (out of
+    restarts: recorded and told, the node keeps its place), `duplicate` or `stale` (nothing changed). 404 for an
+    unknown job or host, 409 for an epoch the job has not reached.
+    """
+    outcome = await node_failures.report_node_failure(session, body, now=now, secret=secret)
+    wake()
+    return {"outcome": outcome.value}
 
 
 @router.post("/provider/hosts/{host_id}/down")

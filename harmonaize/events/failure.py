@@ -1,4 +1,6 @@
-"""Failure: a host or GPU of the job is down, erroring, degraded, or predicted to fail.
+"""Failure: a host or GPU of the job is down, erroring, degraded, or predicted to fail; or the job's node on a host hung
+or kept failing while the host itself is fine (`node_hung`, `node_failed`, with `frozen`, `stalled` or
+`out_of_restarts` as the reason).
 
 Why this event exists: without it an elastic job learns of a failure by a rendezvous or collective timeout, tens
 of seconds to hours later. With it, the job checkpoints before a predicted failure and rescales as soon as a host
@@ -35,6 +37,10 @@ class FailureKind(StrEnum):
     GPU_ERROR = "gpu_error"
     DEGRADED = "degraded"
     PREDICTED_FAILURE = "predicted_failure"
+    NODE_HUNG = "node_hung"
+    """The job's node on this host hung; the provider killed it and the job goes on without it."""
+    NODE_FAILED = "node_failed"
+    """The job's node on this host kept exiting with an error; the provider stopped restarting it."""
 
 
 class Severity(StrEnum):
