@@ -13,6 +13,9 @@ proposes the settings it should run with now:
 | slowdown >= 2                                      | PowerSGD at a quarter of the max rank (stronger), else fp16 |
 | none of that                                       | the job's own settings (every field None)                   |
 
+Compression exists only as DDP communication hooks, so it is proposed only to a job whose desired plan is DDP: a job
+repartitioned to FSDP or HSDP (the tenant's answer to the same congestion) would have to refuse it.
+
 `decide` is a pure function of the job, its signals and what it already knew, so tests script telemetry and check
 decisions without processes. The runner proposes through the control plane, which checks the ranges again, stores
 every version and tells the tenant; an unchanged proposal is not even sent (and would be a no-op if it were).
@@ -34,7 +37,7 @@ from pydantic import ValidationError
 
 from harmonaize.desired_state import AssignedJob, HostAssignment
 from harmonaize.events import MaintenanceStatus
-from harmonaize.jobs import Compression
+from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.subjects import ANY, provider_filter
 from provider_agents.clock import Clock, SystemClock
 from provider_agents.control_plane import ControlPlane, ControlPlaneRefusal
@@ -115,7 +118,7 @@ def decide(job: AssignedJob, signals: JobSignals, *, known_risks: frozenset[str]
         interval = ranges.checkpoint_interval_steps.min
         reasons.append("a failure is predicted or maintenance is scheduled on one of the job's hosts")
     compression, rank = None, None
-    allowed = set(ranges.compression_allowed)
+    allowed = set(ranges.compression_allowed) if job.parallel_plan is ParallelPlan.DDP else set()
     max_rank = ranges.powersgd_max_rank
     powersgd = Compression.POWERSGD in allowed and max_rank is not None
     if signals.slowdown >= HEAVY_SLOWDOWN:

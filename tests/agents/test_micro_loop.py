@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from harmonaize.desired_state import AssignedJob, HostAssignment
 from harmonaize.job_runtime import JobRanges, Range, violations, Directives
-from harmonaize.jobs import Compression
+from harmonaize.jobs import Compression, ParallelPlan
 from provider_agents.micro_loop import JobSignals, decide, job_signals
+from workloads.directives import plan_violations
 from provider_agents.telemetry.model import (
     FabricSample,
     FailureSignal,
@@ -26,9 +27,9 @@ RANGES = JobRanges(
 )
 
 
-def _job(ranges: JobRanges = RANGES) -> AssignedJob:
+def _job(ranges: JobRanges = RANGES, plan: ParallelPlan = ParallelPlan.DDP) -> AssignedJob:
     return AssignedJob(tenant="acme", job="train", workers=1, gpus=1, entrypoint=("-m", "x"), epoch=1, nodes=2,
-                       ranges=ranges)
+                       ranges=ranges, parallel_plan=plan)
 
 
 def _fleet(job: AssignedJob) -> dict[str, HostAssignment]:
@@ -94,3 +95,13 @@ def test_decisions_never_leave_the_tenants_ranges() -> None:
                 powersgd_rank=proposal.powersgd_rank,
             )
             assert violations(narrow, directives) == [], (risks, slowdown, proposal)
+
+
+def test_compression_is_proposed_only_to_a_plan_that_can_apply_it() -> None:
+    """FSDP and HSDP reduce gradients themselves: a compression directive would only be refused by the job."""
+    for plan in (ParallelPlan.FSDP, ParallelPlan.HSDP):
+        proposal = decide(_job(plan=plan), JobSignals(frozenset(), 3.0), known_risks=frozenset())
+        assert proposal.compression is None and proposal.powersgd_rank is None, (plan, proposal)
+        assert plan_violations(plan, Directives(compression=proposal.compression)) == []
+    risky = decide(_job(plan=ParallelPlan.HSDP), JobSignals(frozenset({"predicted:h1"}), 3.0), known_risks=frozenset())
+    assert risky.checkpoint_now and risky.checkpoint_interval_steps == 5, "checkpoints do not depend on the plan"
