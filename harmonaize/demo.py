@@ -3,16 +3,19 @@
 A fresh local cloud (broker, API, four simulated hosts in two locality groups, the provider's loops) lives through a
 scripted scenario while a real training job runs and the three example tenant controllers react to its events:
 
-| t (s) | the world                                    | what should follow                                        |
-|-------|----------------------------------------------|-----------------------------------------------------------|
-| 0     | a neighbour tenant occupies h4; our job gets 2 workers (h1, h2) | training at world size 2               |
-| 40    | carbon drops to 150 g/kWh                    | the carbon-aware scaler asks for 4, the provider counters with 3, accepted; a third node joins |
-| 75    | a failure is predicted on h2                 | the micro loop: checkpoint now, then every step            |
-| 90    | h2 dies (the demo kills its agent and nodes) | outage reported, the survivors re-form at once; steps lost counted |
-| 120   | congestion between the locality groups      | the congestion repartitioner switches DDP -> HSDP          |
-| end   |                                              | the negotiation history over REST, and a summary           |
+| t (s) | the world                                     | what should follow                                       |
+|-------|-----------------------------------------------|----------------------------------------------------------|
+| 0     | a neighbour's batch job holds h4; our job gets 2 workers (h1, h2) | training at world size 2             |
+| 40    | carbon drops to 150 g/kWh                     | the carbon-aware scaler asks for 4, the provider counters with 3 (h4 is taken), accepted; a third node joins |
+| 60    | the neighbour's batch job ends: h4 is free    | the scaler, carbon still low, gets its 4th worker         |
+| 75    | a failure is predicted on h2                  | the failure guard asks to keep its size: the provider moves h2's worker to a healthy host, or, with none free, the job shrinks off h2; no step lost |
+| 90    | h2 dies, as predicted                         | nothing to recover: the job left it                       |
+| 100   | h3 dies without warning                       | outage reported, the survivors re-form at once; the steps since the last checkpoint are lost |
+| 120   | congestion between the locality groups       | the micro loop proposes compression; the congestion repartitioner switches DDP -> HSDP |
+| end   |                                               | the negotiation history over REST, and a summary          |
 
-Nothing here fakes an outcome: the driver only creates the job, kills the host at the scripted time and watches.
+Nothing here fakes an outcome: the driver only creates the jobs, ends the neighbour's, kills the hosts at the
+scripted times and watches.
 The summary is what the control plane and the tenant's event feed report; `--summary-json` writes it for tests.
 """
 
@@ -43,6 +46,7 @@ __all__ = ["DEMO_SCENARIO", "DemoStory", "JOB"]
 
 JOB = "llm-finetune"
 NEIGHBOUR = "neighbour"
+NEIGHBOUR_JOB = "batch-eval"
 EXAMPLES = ("carbon_aware_scaler", "failure_guard", "congestion_repartitioner")
 DEMO_SCENARIO = """\
 version: 1
@@ -60,8 +64,13 @@ predicted_failures:
 congestion:
   - {groups: [g1, g2], link: spine-1:eth7, start: 120s, duration: 600s, slowdown: 2.5}
 """
-KILL_AT_S = 90.0
-KILLED_HOST = "h2"
+NEIGHBOUR_ENDS_AT_S = 60.0
+PREDICTED_HOST = "h2"
+PREDICTED_AT_S = 75.0
+PREDICTED_FAILS_AT_S = 90.0
+UNPLANNED_FAILS_AT_S = 100.0
+UNPLANNED_HOST = "h3"
+"""The host that fails without warning: the third node of the scale-up, so the survivors span both groups."""
 HOST_RETURN_S = 60.0
 """How long a restarted agent may take to heartbeat and its host to be reported up again."""
 DEADLINE_S = 170.0
@@ -75,6 +84,8 @@ class Summary:
     directives: list[dict[str, Any]] = field(default_factory=list)
     steps_lost: int | None = None
     recovery_s: float | None = None
+    moved_before_failure: bool = False
+    move_steps_lost: int | None = None
     scale_up: bool = False
     recovered: bool = False
     repartitioned: bool = False
@@ -89,6 +100,8 @@ class Summary:
             "directives": self.directives,
             "steps_lost": self.steps_lost,
             "recovery_s": self.recovery_s,
+            "moved_before_failure": self.moved_before_failure,
+            "move_steps_lost": self.move_steps_lost,
             "scale_up": self.scale_up,
             "recovered": self.recovered,
             "repartitioned": self.repartitioned,
@@ -138,7 +151,7 @@ class DemoStory:
             controllers = self._start_controllers(info, tenant_env)
             watcher = await self._watch_events(info.nats_url, tenant_env)
             try:
-                await self._play(info, fleet, tenant)
+                await self._play(info, fleet, tenant, admin)
             finally:
                 await watcher.close()
                 for proc in controllers:
@@ -162,9 +175,9 @@ class DemoStory:
         _expect(created, 201)
         token = created.json()["api_token"]
         async with httpx.AsyncClient(base_url=str(admin.base_url), headers=_bearer(token), timeout=30) as neighbour:
-            _expect(await neighbour.post("/v1/jobs", json={"id": "batch-eval", "min_workers": 1, "max_workers": 1,
+            _expect(await neighbour.post("/v1/jobs", json={"id": NEIGHBOUR_JOB, "min_workers": 1, "max_workers": 1,
                                                            "gpus_per_worker": 4}), 201)
-        _expect(await admin.post("/v1/allocations", json={"tenant_id": NEIGHBOUR, "job_id": "batch-eval", "gpus": 4,
+        _expect(await admin.post("/v1/allocations", json={"tenant_id": NEIGHBOUR, "job_id": NEIGHBOUR_JOB, "gpus": 4,
                                                           "host_id": "h4"}), 201)
 
     async def _create_job(self, tenant: httpx.AsyncClient) -> None:
@@ -217,10 +230,12 @@ class DemoStory:
 
     # -- the story -----------------------------------------------------------------------------------------------
 
-    async def _play(self, info: LocalCloudInfo, fleet: LocalFleet, tenant: httpx.AsyncClient) -> None:
+    async def _play(self, info: LocalCloudInfo, fleet: LocalFleet, tenant: httpx.AsyncClient,
+                    admin: httpx.AsyncClient) -> None:
+        neighbour_done = predicted_done = False
         killed_at: float | None = None
         kill_epoch: int | None = None
-        last_step_before: int | None = None
+        warned_epoch: int | None = None
         with Live(self._table(None), console=self.console, refresh_per_second=4, transient=False) if self.live else _Null() as live:
             while (elapsed := time.monotonic() - self.started) < DEADLINE_S:
                 status = (await tenant.get(f"/v1/jobs/{JOB}/status")).json()
@@ -228,21 +243,36 @@ class DemoStory:
                 timeline = (await tenant.get(f"/v1/jobs/{JOB}/timeline")).json()
                 self.summary.world_sizes = timeline
                 self.summary.scale_up = any(entry["world_size"] >= 3 for entry in timeline)
-                if killed_at is None and elapsed >= KILL_AT_S and progress is not None:
+                if not neighbour_done and elapsed >= NEIGHBOUR_ENDS_AT_S:
+                    neighbour_done = True
+                    await self._release(admin, NEIGHBOUR, NEIGHBOUR_JOB)
+                    self._say("the neighbour's batch job ended: h4 is free")
+                if progress is not None and elapsed < PREDICTED_AT_S:
+                    warned_epoch = progress["epoch"]  # the epoch the prediction will find
+                if not predicted_done and elapsed >= PREDICTED_FAILS_AT_S:
+                    predicted_done = True
+                    hosts = await self._hosts_of(admin, JOB)
+                    self.summary.moved_before_failure = PREDICTED_HOST not in hosts
+                    if self.summary.moved_before_failure and progress is not None and warned_epoch is not None:
+                        self.summary.move_steps_lost = self._steps_lost(info, warned_epoch, progress)
+                    fleet.kill_host(PREDICTED_HOST)
+                    self._say(f"{PREDICTED_HOST} failed as predicted; the job "
+                              + ("had left it" if self.summary.moved_before_failure else f"was still on it ({hosts})"))
+                if killed_at is None and elapsed >= UNPLANNED_FAILS_AT_S and progress is not None:
                     kill_epoch = progress["epoch"]
-                    fleet.kill_host(KILLED_HOST)
+                    victim = await self._unplanned_victim(admin)
+                    fleet.kill_host(victim)
                     killed_at = time.monotonic()
-                    self._say(f"{KILLED_HOST} failed (killed at t={elapsed:.0f} s, job at step {progress['step']})")
+                    self._say(f"{victim} failed without warning (t={elapsed:.0f} s, job at step {progress['step']})")
                 if killed_at is not None and not self.summary.recovered and progress is not None:
                     if progress["epoch"] > (kill_epoch or 0) and progress["step"] > (progress["resumed_from_step"] or 0):
                         self.summary.recovered = True
                         self.summary.recovery_s = round(time.monotonic() - killed_at, 1)
-                        last_step_before = _last_logged_step(info.data_dir, kill_epoch or 0)
-                        resumed = progress["resumed_from_step"] or 0
-                        self.summary.steps_lost = max(0, last_step_before - resumed) if last_step_before >= 0 else None
+                        self.summary.steps_lost = self._steps_lost(info, kill_epoch or 0, progress)
                         self._say(
                             f"recovered at world size {progress['world_size']} after {self.summary.recovery_s} s, "
-                            f"resumed from step {resumed} ({self.summary.steps_lost} step(s) lost)"
+                            f"resumed from step {progress['resumed_from_step'] or 0} "
+                            f"({self.summary.steps_lost} step(s) lost)"
                         )
                 self.summary.repartitioned = any(entry["parallel_plan"] == "hsdp" for entry in timeline)
                 if self.live:
@@ -253,6 +283,34 @@ class DemoStory:
                     break
                 await asyncio.sleep(0.5)
         self.summary.duration_s = time.monotonic() - self.started
+
+    @staticmethod
+    def _steps_lost(info: LocalCloudInfo, epoch: int, progress: dict[str, Any]) -> int | None:
+        """Steps done in `epoch` that the job, now past it, did not resume from (None: no step of it was logged)."""
+        last = _last_logged_step(info.data_dir, epoch)
+        return max(0, last - (progress["resumed_from_step"] or 0)) if last >= 0 else None
+
+    async def _hosts_of(self, admin: httpx.AsyncClient, job: str, tenant: str = "demo") -> list[str]:
+        reply = await admin.get("/v1/allocations", params={"tenant_id": tenant, "job_id": job})
+        _expect(reply, 200)
+        return sorted({allocation["host_id"] for allocation in reply.json()})
+
+    async def _unplanned_victim(self, admin: httpx.AsyncClient) -> str:
+        """`UNPLANNED_HOST` if the job runs there (it does, unless the controllers chose otherwise), else a host of
+        the job other than its first, so a failure without warning always hits the job."""
+        hosts = await self._hosts_of(admin, JOB)
+        if UNPLANNED_HOST in hosts or not hosts:
+            return UNPLANNED_HOST
+        return hosts[-1]
+
+    async def _release(self, admin: httpx.AsyncClient, tenant: str, job: str) -> None:
+        """Release every worker of a job (a job's end, as the provider sees it); the job and its history stay."""
+        reply = await admin.get("/v1/allocations", params={"tenant_id": tenant, "job_id": job})
+        _expect(reply, 200)
+        for allocation in reply.json():
+            released = await admin.delete(f"/v1/allocations/{allocation['id']}")
+            if released.status_code != 409:  # 409: released meanwhile, which is the aim anyway
+                _expect(released, 200)
 
     async def _collect(self, tenant: httpx.AsyncClient) -> None:
         items: list[dict[str, Any]] = []
@@ -286,14 +344,11 @@ class DemoStory:
     async def _give_the_cloud_back(self, admin: httpx.AsyncClient, fleet: LocalFleet) -> None:
         """Leave the cloud as a fresh one for the README's next steps: the story's jobs release their workers (the
         jobs and their history stay), and the host the story killed comes back once its agent heartbeats again."""
-        for tenant, job in ((NEIGHBOUR, "batch-eval"), ("demo", JOB)):
-            reply = await admin.get("/v1/allocations", params={"tenant_id": tenant, "job_id": job})
-            _expect(reply, 200)
-            for allocation in reply.json():
-                released = await admin.delete(f"/v1/allocations/{allocation['id']}")
-                if released.status_code != 409:  # 409: released meanwhile, which is the aim anyway
-                    _expect(released, 200)
-        fleet.start_agent(KILLED_HOST)
+        for tenant, job in ((NEIGHBOUR, NEIGHBOUR_JOB), ("demo", JOB)):
+            await self._release(admin, tenant, job)
+        for host in fleet.hosts:
+            if not fleet.agent_running(host):
+                fleet.start_agent(host)
         deadline = time.monotonic() + HOST_RETURN_S
         while True:
             reply = await admin.get("/v1/hosts")
@@ -305,7 +360,7 @@ class DemoStory:
                 busy = sorted(h for h, host in hosts.items() if host["down_at"] or host["free_gpus"] != host["gpus"])
                 raise RuntimeError(f"the demo could not give the cloud back within {HOST_RETURN_S:.0f} s: {busy}")
             await asyncio.sleep(0.5)
-        self._say(f"{KILLED_HOST} is back and the story's jobs released their workers: every host is free")
+        self._say("the failed hosts are back and the story's jobs released their workers: every host is free")
 
     def _next_steps(self, info: LocalCloudInfo) -> None:
         tenant_env = info.tenant_env_file or info.data_dir / "tenant-demo.env"
@@ -359,8 +414,11 @@ class DemoStory:
         table.add_row("world size over time", " -> ".join(
             f"{entry['world_size']} {entry['parallel_plan']} (from step {entry['step']})" for entry in summary.world_sizes))
         table.add_row("micro-loop directives", "; ".join(f"v{d['version']} {d['state']}" for d in summary.directives))
-        table.add_row("host failure", f"recovered in {summary.recovery_s} s, {summary.steps_lost} step(s) lost"
-                      if summary.recovered else "not recovered")
+        table.add_row("predicted failure", f"left {PREDICTED_HOST} before it failed, "
+                      f"{summary.move_steps_lost} step(s) lost" if summary.moved_before_failure
+                      else f"still on {PREDICTED_HOST} when it failed")
+        table.add_row("failure without warning", f"recovered in {summary.recovery_s} s, {summary.steps_lost} step(s) "
+                      "lost" if summary.recovered else "not recovered")
         table.add_row("scale-up / recovery / repartition / history",
                       f"{summary.scale_up} / {summary.recovered} / {summary.repartitioned} / {summary.history_complete}")
         table.add_row("duration", f"{summary.duration_s:.0f} s")

@@ -121,6 +121,10 @@ class LocalFleet:
             "--scenario", str(self.scenario), "--tick", "0.5",
         )
 
+    def agent_running(self, host: str) -> bool:
+        proc = self.processes.get(host)
+        return proc is not None and proc.poll() is None
+
     def log_file(self, name: str) -> Path:
         return self.data_dir / "logs" / f"{name}.log"
 
