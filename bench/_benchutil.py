@@ -6,6 +6,7 @@ Not a test helper and not imported by the project: `bench/*.py` put this directo
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -104,6 +105,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), sep, *(line(r) for r in rows)])
+
+
+def package_version(dist: str) -> str:
+    """The installed version of a distribution, or '?' (the JSON records what each figure was measured with)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
 
 
 def machine_line() -> str:

@@ -62,6 +62,7 @@ from _benchutil import (
     loadavg,
     machine_line,
     median,
+    package_version,
     percentile,
     proc_cpu_seconds,
     ratio,
@@ -737,13 +738,6 @@ async def bench(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]
     return results
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve:
@@ -755,8 +749,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
-        "uvicorn": _version("uvicorn"), "fastapi": _version("fastapi"), "sqlalchemy": _version("SQLAlchemy"),
-        "httpx": _version("httpx"),
+        "uvicorn": package_version("uvicorn"), "fastapi": package_version("fastapi"), "sqlalchemy": package_version("SQLAlchemy"),
+        "httpx": package_version("httpx"),
         "loop": f"{event_loop_choice()}/{'httptools' if httptools else 'h11'}",
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "loadavg": loadavg(),

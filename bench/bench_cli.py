@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -48,6 +47,7 @@ from _benchutil import (
     loadavg,
     machine_line,
     median,
+    package_version,
     table,
     write_json,
 )
@@ -205,13 +205,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-cli-"))
@@ -222,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_line(),
         "git": git_state(),
         "loadavg": loadavg(),
-        "typer": _version("typer"),
-        "rich": _version("rich"),
+        "typer": package_version("typer"),
+        "rich": package_version("rich"),
         "harmonaize": " ".join(Path(part).name for part in harmonaize_command()),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
     }

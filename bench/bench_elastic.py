@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import atexit
 import datetime as dt
-import importlib.metadata
 import json
 import math
 import os
@@ -73,6 +72,7 @@ from _benchutil import (
     loadavg,
     machine_line,
     median,
+    package_version,
     table,
     write_json,
 )
@@ -981,13 +981,6 @@ async def bench(args: argparse.Namespace, workdir: Path, log: Callable[[str], No
     return reps
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 def pg_timeout_s() -> float:
     try:
         from torch.distributed.constants import default_pg_timeout
@@ -1032,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
-        "torch": _version("torch"),
+        "torch": package_version("torch"),
         "nats_server": nats_version,
         "pg_timeout_s": pg_timeout_s(),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
