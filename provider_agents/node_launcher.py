@@ -29,8 +29,9 @@ no step back from the script's own code, each against a bound from the job's ste
 control plane, which takes the node out of the job like a failed host's. A node out of restarts is reported the same
 way, so the job's status and the tenant's events say why its step no longer moves.
 
-NOTES traps handled here: `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (scale-up deadlock in torch 2.13), keep-alive
-attempts >= 3 (split brain), workers found by marker (orphans), the store hosted outside the worker hosts.
+Traps handled here (docs/building-blocks.md): `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (scale-up deadlock in torch
+2.13), keep-alive attempts >= 3 (split brain), workers found by marker (orphans), the store hosted outside the worker
+hosts.
 """
 
 from __future__ import annotations
