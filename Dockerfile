@@ -15,9 +15,9 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY harmonaize ./harmonaize
+COPY harmonaize_cli ./harmonaize_cli
 COPY broker_config ./broker_config
 COPY api ./api
-COPY migrations ./migrations
 COPY provider_agents ./provider_agents
 COPY tenant_controllers ./tenant_controllers
 COPY workloads ./workloads

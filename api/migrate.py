@@ -1,6 +1,6 @@
 """Run the Alembic migrations from code: `harmonaize db upgrade`, the app's start-up check, tests.
 
-The Alembic config is built here (script_location = the installed `migrations` package), so no alembic.ini is needed
+The Alembic config is built here (script_location = the installed `api.migrations` package), so no alembic.ini is needed
 and the URL always comes from `Settings`. Each async function opens an async engine, and hands Alembic the sync face
 of one connection through `Config.attributes` (Alembic's documented connection-sharing recipe), so migrations run in
 the caller's event loop. The sync functions are for sync callers (the CLI); because Alembic's API is itself sync and
@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import migrations
+from api import migrations
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -49,7 +49,7 @@ def alembic_config(settings: Settings | None = None, *, connection: Connection |
 
 
 def head_revision() -> str:
-    """The newest revision in `migrations/versions` (the schema this code expects)."""
+    """The newest revision in `api/migrations/versions` (the schema this code expects)."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
         raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}")

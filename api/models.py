@@ -1,7 +1,7 @@
 """The control plane's tables, as SQLAlchemy 2 typed declarative models.
 
 These models are the *description* the code queries through; the schema itself is created only by the Alembic
-migrations in `migrations/`, and a test checks that both agree (`compare_metadata` finds no difference).
+migrations in `api/migrations/`, and a test checks that both agree (`compare_metadata` finds no difference).
 
 Invariants live in the database wherever it can hold them, because the API is not the only writer that matters under
 concurrency: two requests that each checked "there is room" in Python can both be wrong, a CHECK constraint cannot.
@@ -39,7 +39,7 @@ from sqlalchemy.types import TypeDecorator
 
 from harmonaize.desired_state import RestartMode
 from harmonaize.events.directive import DirectiveState
-from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.jobs import ParallelPlan
 from harmonaize.negotiation import Actor, NegotiationKind, NegotiationState, RoundAction
 
 ID_LENGTH = 63

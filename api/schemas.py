@@ -24,10 +24,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from api.models import Compression, Host, Job, ParallelPlan
+from api.models import Job
 from broker_config.streams import ACK_WAIT_BOUNDS_S, ACK_WAIT_S
 from harmonaize.events import EventKind
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
+from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.negotiation import (
     MAX_OPTIONS,
     Actor,

@@ -10,7 +10,7 @@ Each sample is one fresh process, timed from spawn to exit by this script (outpu
 * `harmonaize negotiations list`
 
 The commands run through the console script installed beside this interpreter (`harmonaize`; `python -m
-harmonaize.cli` where there is none), in an empty working directory (no `.env` read) with a tenant's environment
+harmonaize_cli.main` where there is none), in an empty working directory (no `.env` read) with a tenant's environment
 (HZ_API_URL, HZ_TENANT, HZ_TENANT_TOKEN). The API they talk to is bench_api.py's "ours" server (`--serve ours`:
 `api.app.create_app` with the in-memory broker port, uvicorn in its own process, on a fresh migrated SQLite database
 and a free loopback port) holding tenant acme with one job and one negotiation.
@@ -66,7 +66,7 @@ COMMAND_TIMEOUT_S = 60.0
 
 def harmonaize_command() -> list[str]:
     script = Path(sys.executable).parent / "harmonaize"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "harmonaize.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "harmonaize_cli"]
 
 
 def commands(harmonaize: list[str]) -> dict[str, list[str]]:
@@ -200,7 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.baseline_tree is not None and not (args.baseline_tree / "harmonaize" / "cli.py").is_file():
-        ap.error(f"--baseline-tree {args.baseline_tree}: no harmonaize/cli.py there")
+        ap.error(f"--baseline-tree {args.baseline_tree}: no harmonaize_cli/main.py there")
     args.json_only = args.json == "-"
     return args
 

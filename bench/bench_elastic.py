@@ -374,7 +374,7 @@ class Provider:
         from broker_config.provisioner import NatsTenantBroker
         from broker_config.render import render_accounts
         from broker_config.server import NatsServer
-        from harmonaize.launcher import serve_api
+        from harmonaize_cli.local_cloud.launcher import serve_api
         from harmonaize.settings import Settings
 
         self.data_dir.mkdir(parents=True, exist_ok=True)

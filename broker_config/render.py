@@ -28,13 +28,13 @@ tenant changes rewrite only the accounts file and reload the server (SIGHUP), wh
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from broker_config.accounts import TenantAccount
 from broker_config.keys import ProviderKeys
+from harmonaize.broker_sync import SYNC_ALWAYS, check_sync_interval
 from harmonaize.ids import validate_id
 from harmonaize.subjects import tenant_slice
 
@@ -107,24 +107,6 @@ def render_accounts(keys: ProviderKeys, tenants: Sequence[TenantAccount]) -> str
     }
     body = json.dumps(all_accounts, indent=2)
     return f"# Rendered by HarmonAIze from the tenant registry; do not edit.\naccounts: {body}\n"
-
-
-SYNC_ALWAYS = "always"
-_PERIOD = re.compile(r"[1-9][0-9]{0,5}(ms|s|m)")
-
-
-def check_sync_interval(value: str) -> str:
-    """`always`, or a period nats-server accepts (`500ms`, `10s`, `2m`); anything else is refused before rendering.
-
-    Trade-off (docs/building-blocks.md): with `always` an acknowledged event survives an OS crash or power loss of the broker's host,
-    at the price of one fsync per stored event (its latency and jitter are the disk's); with a period, acknowledged
-    events of the last period can be lost in such a crash (a process crash or restart loses nothing either way, the
-    page cache survives it). A replicated stream (the `cluster` profile) also holds each event on other hosts, but
-    Jepsen (2025) found acknowledged writes lost there too without `always`, so the default stays `always`.
-    """
-    if value != SYNC_ALWAYS and not _PERIOD.fullmatch(value):
-        raise ValueError(f"sync interval must be 'always' or a period like 500ms, 10s or 2m; got {value!r}")
-    return value
 
 
 def _sync_value(value: str) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from harmonaize.broker_sync import check_sync_interval
 from harmonaize.event_loop import EventLoopChoice, resolve_event_loop
 from harmonaize.ids import validate_id
 
@@ -96,8 +97,6 @@ class Settings(BaseSettings):
     @field_validator("broker_sync_interval")
     @classmethod
     def _sync_interval_is_known(cls, value: str) -> str:
-        from broker_config.render import check_sync_interval  # broker_config builds on harmonaize, not the reverse
-
         return check_sync_interval(value)
 
     @field_validator("event_loop")

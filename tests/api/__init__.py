@@ -1,1 +1,1 @@
-"""Tests of the control-plane API (`api/`, `migrations/`): fast, in-process, over SQLite and PostgreSQL."""
+"""Tests of the control-plane API (`api/`, its `migrations/`): fast, in-process, over SQLite and PostgreSQL."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import httpx
-import pytest
 
 from tests.api.api_testkit import ADMIN, TenantHandle, field_names, job_body
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from broker_config.render import ServerOptions, render_server
 from broker_config.server import validate_config_file
-from harmonaize.cli import app
+from harmonaize_cli.main import app
 from harmonaize.settings import Settings
 
 

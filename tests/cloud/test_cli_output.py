@@ -1,4 +1,4 @@
-"""What the daily commands print, run as a shell user runs them (`python -m harmonaize.cli` in a subprocess) against
+"""What the daily commands print, run as a shell user runs them (`python -m harmonaize_cli` in a subprocess) against
 the lightest real counterpart: `jobs show` against the real API (uvicorn on a free port, migrated SQLite, the
 in-memory broker port), `scenario run` against a real nats-server where the test answers as a simulated host."""
 
@@ -18,8 +18,8 @@ from nats.aio.msg import Msg
 from api.app import create_app
 from api.migrate import upgrade_async
 from broker_config.server import NatsServer
-from harmonaize.cli_daily import figure
-from harmonaize.launcher import serve_api
+from harmonaize_cli.daily import figure
+from harmonaize_cli.local_cloud.launcher import serve_api
 from harmonaize.settings import Settings
 from provider_agents.runtime import connect_provider
 from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT

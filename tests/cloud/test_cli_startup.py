@@ -1,6 +1,6 @@
-"""The CLI's start-up contract: commands import only what they use (harmonaize/cli.py), so `--help`, `version` and
+"""The CLI's start-up contract: commands import only what they use (harmonaize_cli/main.py), so `--help`, `version` and
 the daily commands do not pay for FastAPI, SQLAlchemy, nats or torch; and the commands registered lazily
-(harmonaize/cli_lazy.py) are listed with the help text of the real command they load. Behaviour, not timing: what
+(harmonaize_cli/lazy.py) are listed with the help text of the real command they load. Behaviour, not timing: what
 each command leaves in `sys.modules`, checked in a fresh interpreter (bench/bench_cli.py measures the time)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harmonaize.cli import app
-from harmonaize.cli_lazy import lazy_entries
+from harmonaize_cli.main import app
+from harmonaize_cli.lazy import lazy_entries
 
 HEAVY = ("torch", "fastapi", "starlette", "sqlalchemy", "alembic", "nats", "uvicorn", "uvloop", "numpy")
 PARTS = ("api", "provider_agents", "tenant_controllers", "workloads")
@@ -25,7 +25,7 @@ PARTS = ("api", "provider_agents", "tenant_controllers", "workloads")
 
 _PROBE = """
 import json, sys
-from harmonaize.cli import main
+from harmonaize_cli.main import main
 out, sys.argv = sys.argv[1], ["harmonaize", *sys.argv[2:]]
 try:
     main()

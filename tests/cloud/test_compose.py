@@ -40,8 +40,8 @@ from typer.testing import CliRunner
 
 from broker_config.keys import ProviderKeys
 from broker_config.render import TENANT_JS_PREFIX
-from harmonaize.cli import app
-from harmonaize.cli_services import read_credentials
+from harmonaize_cli.main import app
+from harmonaize_cli.services import read_credentials
 from harmonaize.desired_state import DESIRED_STATE_BUCKET, HostAssignment, host_key
 from harmonaize.settings import Settings
 from provider_agents.fleet_monitor import HEARTBEAT_FILTER

@@ -13,13 +13,13 @@ import pytest
 pytestmark = pytest.mark.timeout(420)
 
 CHECKPOINT_INTERVAL = 25
-"""The demo job's `--checkpoint-interval` (harmonaize/demo.py)."""
+"""The demo job's `--checkpoint-interval` (harmonaize_cli/local_cloud/demo.py)."""
 
 
 def test_the_demo_tells_the_whole_story(tmp_path: Path) -> None:
     summary_file = tmp_path / "summary.json"
     result = subprocess.run(
-        [sys.executable, "-m", "harmonaize.cli", "demo", "--data-dir", str(tmp_path / "cloud"),
+        [sys.executable, "-m", "harmonaize_cli", "demo", "--data-dir", str(tmp_path / "cloud"),
          "--summary-json", str(summary_file), "--no-live"],
         capture_output=True, text=True, timeout=400,
     )
@@ -50,7 +50,7 @@ def test_the_demo_tells_the_whole_story(tmp_path: Path) -> None:
 
 
 def test_the_readme_configuration_reference_is_generated_from_settings() -> None:
-    from harmonaize.config_reference import README_END, README_START, render_reference
+    from harmonaize_cli.config_reference import README_END, README_START, render_reference
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = readme[readme.index(README_START) + len(README_START) : readme.index(README_END)]

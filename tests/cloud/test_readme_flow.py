@@ -82,7 +82,7 @@ def demo_cloud(tmp_path: Path) -> Iterator[tuple[Path, Output]]:
     story has ended and handed the cloud over."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harmonaize.cli", "up", "--demo", "--api-port", "0"],
+        [sys.executable, "-m", "harmonaize_cli", "up", "--demo", "--api-port", "0"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     output = Output(proc)

@@ -20,7 +20,7 @@ from broker_config.render import TENANT_JS_PREFIX
 
 from tests.support import eventually
 
-HARMONAIZE = [sys.executable, "-m", "harmonaize.cli"]
+HARMONAIZE = [sys.executable, "-m", "harmonaize_cli"]
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -23,7 +23,7 @@ from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import tenant_stream_name
 from broker_config.server import NatsServer
 from harmonaize.events import CloudEvent
-from harmonaize.launcher import serve_api
+from harmonaize_cli.local_cloud.launcher import serve_api
 from harmonaize.settings import Settings
 from harmonaize.subjects import tenant_event_subject
 

@@ -36,7 +36,7 @@ class ControllerProcess:
         self.log = workdir / "controller.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harmonaize.cli", "controller", "run", str(script), "--state-dir",
+                [sys.executable, "-m", "harmonaize_cli", "controller", "run", str(script), "--state-dir",
                  str(workdir / "state"), "--resync-interval", "0"],
                 env=cloud.env(), stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
             )

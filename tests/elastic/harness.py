@@ -25,7 +25,7 @@ from api.migrate import upgrade_async
 from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
-from harmonaize.launcher import serve_api
+from harmonaize_cli.local_cloud.launcher import serve_api
 from harmonaize.settings import Settings
 from provider_agents.markers import cloud_id, host_prefix
 from provider_agents.processes import marked_processes, signal_marked

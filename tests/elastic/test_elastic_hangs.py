@@ -151,7 +151,7 @@ async def test_a_node_the_launcher_gave_up_on_shows_in_the_status_the_events_and
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("HZ_")},
            "HZ_API_URL": cloud.api_url, "HZ_TENANT_TOKEN": token, "HZ_TENANT": "acme"}
     shown = await asyncio.create_subprocess_exec(  # not subprocess.run: the API serves from this test's loop
-        sys.executable, "-m", "harmonaize.cli", "jobs", "show", "broken", env=env,
+        sys.executable, "-m", "harmonaize_cli", "jobs", "show", "broken", env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(shown.communicate(), 60)

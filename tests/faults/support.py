@@ -329,7 +329,7 @@ class ApiService:
         self.starts += 1
         self.process = Process(
             f"api-{self.starts}",
-            python("-m", "harmonaize.cli", "api", "serve", "--migrate", "--broker-reload", "pid-file",
+            python("-m", "harmonaize_cli", "api", "serve", "--migrate", "--broker-reload", "pid-file",
                    "--log-level", "warning"),
             self.env(),
             self.data_dir / f"api-{self.starts}.log",

@@ -20,7 +20,7 @@ import typer
 if TYPE_CHECKING:
     from harmonaize.settings import Settings
 
-# Imported by `harmonaize` on every invocation: only typer here; the rest inside the commands (harmonaize/cli.py).
+# Imported by `harmonaize` on every invocation: only typer here; the rest inside the commands (harmonaize_cli/main.py).
 
 __all__ = ["events_app", "jobs_app", "negotiations_app", "scenario_app"]
 
@@ -36,7 +36,7 @@ def _fail(message: str, *, code: int = 1) -> NoReturn:
 
 
 def _settings() -> Settings:
-    from harmonaize.cli import load_settings
+    from harmonaize_cli.main import load_settings
 
     return load_settings()
 

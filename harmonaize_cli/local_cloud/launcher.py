@@ -22,20 +22,17 @@ from pathlib import Path
 from typing import IO
 
 import httpx
-import uvicorn
 from pydantic import SecretStr
 
-from api.app import create_app
 from api.migrate import upgrade_async
 from api.options import NegotiationOptions
 from api.services.carbon_forecast import StepCurveForecast, TraceReplayForecast
+from api.serving import ApiStartError, ProviderApi, provider_api, serve_api
 from broker_config.keys import ProviderKeys
-from broker_config.provider_bus import NatsProviderBus
-from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import render_accounts
 from broker_config.server import NatsServer, PortInUseError, port_is_free
-from harmonaize.local_fleet import DEFAULT_SCENARIO, LocalFleet, pin_scenario, register_hosts, scenario_hosts
 from harmonaize.settings import Settings
+from harmonaize_cli.local_cloud.fleet import DEFAULT_SCENARIO, LocalFleet, pin_scenario, register_hosts, scenario_hosts
 from provider_agents.markers import cloud_id
 from provider_agents.telemetry.scenario import BUILTIN_TRACE_NAMES, ScenarioError, load_scenario
 
@@ -103,31 +100,6 @@ def _lock_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
-@dataclass
-class ServingApi:
-    """An ASGI app served by uvicorn in a task of the current loop, on the port it actually bound."""
-
-    server: uvicorn.Server
-    task: asyncio.Task[None]
-    port: int
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await self.task
-
-
-async def serve_api(app: object, *, host: str, port: int) -> ServingApi:
-    """Start serving `app` (port 0: any free port) and return once it accepts connections."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))  # type: ignore[arg-type]
-    task = asyncio.create_task(server.serve(), name="hz-api")
-    while not server.started:
-        if task.done():
-            task.result()
-            raise LocalCloudError("the API stopped during start-up (see the messages above)")
-        await asyncio.sleep(0.01)
-    return ServingApi(server, task, server.servers[0].sockets[0].getsockname()[1])
-
-
 async def _ensure_demo_tenant(settings: Settings, api_url: str, nats_url: str) -> Path | None:
     """Create the demo tenant once; its token and seed are shown once, so they are kept in the data dir."""
     creds_path = settings.data_dir / f"tenant-{DEMO_TENANT}.json"
@@ -193,7 +165,7 @@ async def run_local_cloud(
         port=nats_port,
         sync_interval=settings.broker_sync_interval,
     )
-    bus: NatsProviderBus | None = None
+    served: ProviderApi | None = None
     local_fleet: LocalFleet | None = None
     try:
         await upgrade_async(settings)
@@ -201,19 +173,20 @@ async def run_local_cloud(
             await asyncio.to_thread(server.start)
         except PortInUseError as exc:
             raise LocalCloudError(f"{exc} (set --nats-port, or 0 for any free port)") from None
-        broker = NatsTenantBroker(
-            servers=[server.url], provider_secret=secret, accounts_file=server.accounts_file, reload=server.reload
-        )
-        bus = NatsProviderBus([server.url], provider_secret=secret)
         scenario_start = datetime.now(UTC) + timedelta(seconds=1)
-        app = create_app(
+        served = provider_api(
             settings.model_copy(update={"nats_url": server.url}),
-            broker=broker,
-            bus=bus,
+            servers=[server.url],
+            secret=secret,
+            accounts_file=server.accounts_file,
+            reload=server.reload,
             negotiation=_negotiation_options(scenario or DEFAULT_SCENARIO, scenario_start) if fleet else
             NegotiationOptions(carbon_speedup=CARBON_SPEEDUP),
         )
-        api = await serve_api(app, host=settings.api_host, port=settings.api_port)
+        try:
+            api = await serve_api(served.app, host=settings.api_host, port=settings.api_port)
+        except ApiStartError as exc:
+            raise LocalCloudError(str(exc)) from None
         api_url = f"http://{settings.api_host}:{api.port}"
         admin_env = settings.data_dir / "admin.env"
         assert settings.admin_token is not None
@@ -266,8 +239,8 @@ async def run_local_cloud(
             await asyncio.to_thread(local_fleet.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        if bus is not None:
-            await bus.close()
+        if served is not None:
+            await served.aclose()
         await asyncio.to_thread(server.stop)
         lock.close()
 

@@ -4,9 +4,9 @@ Messages for shell users: one line naming what is wrong, on stderr, exit code 2 
 for a failure at run time.
 
 Start-up is kept short because people type these commands all day: this module and the command modules it registers
-eagerly (cli_daily, cli_services) import only typer at module level; settings (pydantic), the event loop, httpx,
+eagerly (`daily`, `services`) import only typer at module level; settings (pydantic), the event loop, httpx,
 FastAPI, SQLAlchemy, nats and torch are imported inside the commands that need them, and the commands that live with
-their part (agent, fleet monitor, controller runner) are registered lazily (`harmonaize.cli_lazy`). A test checks
+their part (agent, fleet monitor, controller runner) are registered lazily (`harmonaize_cli.lazy`). A test checks
 that `--help` and `version` import none of the heavy stacks.
 """
 
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 import typer
 
 from harmonaize import __version__
-from harmonaize.cli_daily import events_app, jobs_app, negotiations_app, scenario_app
-from harmonaize.cli_lazy import lazy_command, lazy_group
-from harmonaize.cli_services import app as services_app
+from harmonaize_cli.daily import events_app, jobs_app, negotiations_app, scenario_app
+from harmonaize_cli.lazy import lazy_command, lazy_group
+from harmonaize_cli.services import app as services_app
 
 if TYPE_CHECKING:
     import httpx
@@ -75,7 +75,7 @@ def load_settings(**overrides: object) -> Settings:
 @app.command()
 def config() -> None:
     """Print the configuration reference (every HZ_ variable, its default and meaning) as markdown."""
-    from harmonaize.config_reference import render_reference
+    from harmonaize_cli.config_reference import render_reference
 
     typer.echo(render_reference())
 
@@ -108,8 +108,8 @@ def up(
     tenant. Ctrl-C stops everything."""
     from broker_config.server import BrokerError
     from harmonaize import event_loop
-    from harmonaize.launcher import LocalCloudError, LocalCloudInfo, run_local_cloud
-    from harmonaize.local_fleet import fleet_of
+    from harmonaize_cli.local_cloud.fleet import fleet_of
+    from harmonaize_cli.local_cloud.launcher import LocalCloudError, LocalCloudInfo, run_local_cloud
 
     settings = load_settings(data_dir=data_dir, api_port=api_port)
     if scenario is not None and not scenario.is_file():
@@ -132,7 +132,7 @@ def up(
             fail("--demo plays its own scenario on the default fleet: drop --no-fleet, --scenario, --hosts", code=2)
         from rich.console import Console
 
-        from harmonaize.demo import DEMO_SCENARIO, DemoStory
+        from harmonaize_cli.local_cloud.demo import DEMO_SCENARIO, DemoStory
 
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         scenario = settings.data_dir / "demo-scenario.yaml"
@@ -177,8 +177,8 @@ def demo(
 
     from broker_config.server import BrokerError
     from harmonaize import event_loop
-    from harmonaize.demo import DEMO_SCENARIO, DemoStory
-    from harmonaize.launcher import LocalCloudError, run_local_cloud
+    from harmonaize_cli.local_cloud.demo import DEMO_SCENARIO, DemoStory
+    from harmonaize_cli.local_cloud.launcher import LocalCloudError, run_local_cloud
 
     if data_dir is None:
         data_dir = Path(tempfile.mkdtemp(prefix="hz-demo-"))

@@ -8,6 +8,7 @@ with `start:` pinned to one instant, so the simulated hosts live through the sce
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from provider_agents.processes import signal_marked
 
 __all__ = ["DEFAULT_SCENARIO", "LocalFleet", "fleet_of", "pin_scenario", "register_hosts", "scenario_hosts"]
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "provider_agents" / "scenarios" / "quiet.yaml"
+DEFAULT_SCENARIO = Path(str(importlib.resources.files("provider_agents") / "scenarios" / "quiet.yaml"))
 """A quiet fleet: the hosts and the carbon trace, no scripted episode (those come with `scenario run` or `--scenario`)."""
 
 

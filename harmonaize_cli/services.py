@@ -147,13 +147,11 @@ async def _serve(
     carbon_speedup: float,
     log_level: str,
 ) -> bool:
-    import uvicorn
-
-    from api.app import ConfigurationError, create_app
+    from api.app import ConfigurationError
     from api.migrate import upgrade_async
     from api.options import NegotiationOptions
-    from broker_config.provider_bus import NatsProviderBus
-    from broker_config.provisioner import NatsTenantBroker, reload_by_pid_file
+    from api.serving import ApiStartError, provider_api, serve_api
+    from broker_config.provisioner import reload_by_pid_file
     from broker_config.reload import SystemAccountReload
     from broker_config.render import ACCOUNTS_FILE
 
@@ -170,28 +168,27 @@ async def _serve(
         if reload is ReloadMode.system_account
         else reload_by_pid_file(settings.resolved_broker_pid_file)
     )
-    broker = NatsTenantBroker(
-        servers=[settings.nats_url],
-        provider_secret=secret,
-        accounts_file=settings.resolved_broker_config_file.parent / ACCOUNTS_FILE,
-        reload=strategy,
-        replicas=replicas,
-    )
-    bus = NatsProviderBus([settings.nats_url], provider_secret=secret)
+    try:
+        served = provider_api(
+            settings,
+            servers=[settings.nats_url],
+            secret=secret,
+            accounts_file=settings.resolved_broker_config_file.parent / ACCOUNTS_FILE,
+            reload=strategy,
+            replicas=replicas,
+            negotiation=NegotiationOptions(carbon_speedup=carbon_speedup),
+        )
+    except ConfigurationError as exc:
+        _fail(str(exc), code=2)
     try:
         try:
-            app_ = create_app(
-                settings, broker=broker, bus=bus, negotiation=NegotiationOptions(carbon_speedup=carbon_speedup)
-            )
-        except ConfigurationError as exc:
-            _fail(str(exc), code=2)
-        server = uvicorn.Server(
-            uvicorn.Config(app_, host=settings.api_host, port=settings.api_port, log_level=log_level, lifespan="on")
-        )
-        await server.serve()
-        return bool(server.started)
+            serving = await serve_api(served.app, host=settings.api_host, port=settings.api_port, log_level=log_level)
+        except ApiStartError:
+            return False
+        await serving.task
+        return True
     finally:
-        await bus.close()
+        await served.aclose()
 
 
 @api_app.command("bootstrap")
@@ -364,8 +361,14 @@ def broker_render_config(
 ) -> None:
     """Write nats.conf and accounts.conf (and cluster node configs) for a broker that starts after this exits."""
     from broker_config.keys import ProviderKeys
-    from broker_config.render import ACCOUNTS_FILE, ClusterOptions, ServerOptions, render_accounts, render_server
-    from broker_config.render import write_atomically
+    from broker_config.render import (
+        ACCOUNTS_FILE,
+        ClusterOptions,
+        ServerOptions,
+        render_accounts,
+        render_server,
+        write_atomically,
+    )
     from broker_config.server import BrokerError, validate_config_file
 
     settings = _settings()

@@ -22,6 +22,7 @@ The summary is what the control plane and the tenant's event feed report; `--sum
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import json
 import os
 import re
@@ -39,8 +40,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from harmonaize.launcher import LocalCloudInfo
-from harmonaize.local_fleet import LocalFleet
+from harmonaize_cli.local_cloud.fleet import LocalFleet
+from harmonaize_cli.local_cloud.launcher import LocalCloudInfo
 
 __all__ = ["DEMO_SCENARIO", "DemoStory", "JOB"]
 
@@ -48,6 +49,7 @@ JOB = "llm-finetune"
 NEIGHBOUR = "neighbour"
 NEIGHBOUR_JOB = "batch-eval"
 EXAMPLES = ("carbon_aware_scaler", "failure_guard", "congestion_repartitioner")
+EXAMPLES_DIR = Path(str(importlib.resources.files("tenant_controllers") / "examples"))
 DEMO_SCENARIO = """\
 version: 1
 seed: 7
@@ -201,11 +203,11 @@ class DemoStory:
         env = {**os.environ, **tenant_env, "HZ_JOB": JOB, "PYTHONUNBUFFERED": "1"}
         procs = []
         for example in EXAMPLES:
-            script = Path(__file__).resolve().parent.parent / "tenant_controllers" / "examples" / f"{example}.py"
+            script = EXAMPLES_DIR / f"{example}.py"
             log = open(logs / f"controller-{example}.log", "ab")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "harmonaize.cli", "controller", "run", str(script),
+                    [sys.executable, "-m", "harmonaize_cli", "controller", "run", str(script),
                      "--state-dir", str(info.data_dir / "controllers"), "--resync-interval", "30"],
                     env=env, stdout=log, stderr=subprocess.STDOUT,
                 )
