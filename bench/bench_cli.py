@@ -55,13 +55,17 @@ from _benchutil import (
 ensure_repo_on_path()
 
 import httpx  # noqa: E402
-
 from bench_api import ADMIN_TOKEN, ServerProcess, ours_settings  # noqa: E402
 
 JOB = "bench-job"
 TARGETS_S = {"--help": 0.3, "version": 0.3, "jobs show": 0.6, "negotiations list": 0.6}
 """Issue 14's targets on the development machine (2 cores), printed beside the figures; not asserted."""
 COMMAND_TIMEOUT_S = 60.0
+
+
+def cli_module(tree: Path) -> str:
+    """The module that runs the `harmonaize` command in a source tree, before and after the CLI's own package."""
+    return "harmonaize_cli" if (tree / "harmonaize_cli" / "__main__.py").is_file() else "harmonaize.cli"
 
 
 def harmonaize_command() -> list[str]:
@@ -126,21 +130,25 @@ async def start_api(data_dir: Path) -> tuple[ServerProcess, str]:
 def measure(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> dict[str, dict[str, list[float]]]:
     """{tree: {command: [seconds per round]}}; every round runs every (tree, command) once, order rotated."""
     trees = {"this tree": env}
+    tree_argvs = {"this tree": commands(harmonaize_command())}
     if args.baseline_tree:
         tree = args.baseline_tree.resolve()
-        trees[f"baseline {tree.name}"] = {**env, "PYTHONPATH": str(tree)}
-    argvs = commands(harmonaize_command())
+        name = f"baseline {tree.name}"
+        trees[name] = {**env, "PYTHONPATH": str(tree)}
+        # the installed entry point imports this tree's module; the baseline runs its own CLI module
+        tree_argvs[name] = commands([sys.executable, "-m", cli_module(tree)])
+    argvs = tree_argvs["this tree"]
     cells = [(tree, name) for tree in trees for name in argvs if not (tree != "this tree" and name == "python -c pass")]
     samples: dict[str, dict[str, list[float]]] = {tree: {} for tree in trees}
     for tree, name in cells:  # warm-up, not recorded: page cache, .pyc files, the API's first requests
-        time_once(argvs[name], trees[tree], cwd)
+        time_once(tree_argvs[tree][name], trees[tree], cwd)
     deadline = time.monotonic() + args.cap
     for r in range(args.rounds):
         if time.monotonic() >= deadline:
             print(f"  stopped after {r} rounds: --cap {args.cap:.0f} s reached", file=sys.stderr)
             break
         for tree, name in cells[r % len(cells):] + cells[: r % len(cells)]:
-            samples[tree].setdefault(name, []).append(time_once(argvs[name], trees[tree], cwd))
+            samples[tree].setdefault(name, []).append(time_once(tree_argvs[tree][name], trees[tree], cwd))
         if not args.json_only:
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     return samples
@@ -157,7 +165,8 @@ def summarise(samples: dict[str, dict[str, list[float]]]) -> list[dict[str, Any]
                 "median_s": median(values),
                 "min_s": min(values),
                 "max_s": max(values),
-                "over_pass_s": median(v - p for v, p in zip(values, floor)) if name != "python -c pass" else None,
+                "over_pass_s": (median(v - p for v, p in zip(values, floor, strict=True))
+                                if name != "python -c pass" else None),
                 "target_s": TARGETS_S.get(name),
                 "rounds": len(values),
             })
@@ -199,8 +208,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rounds = 5 if args.quick else 15
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if args.baseline_tree is not None and not (args.baseline_tree / "harmonaize" / "cli.py").is_file():
-        ap.error(f"--baseline-tree {args.baseline_tree}: no harmonaize_cli/main.py there")
+    if args.baseline_tree is not None and not any(
+        (args.baseline_tree / path).is_file() for path in ("harmonaize_cli/__main__.py", "harmonaize/cli.py")
+    ):
+        ap.error(f"--baseline-tree {args.baseline_tree}: neither harmonaize_cli/ nor harmonaize/cli.py there")
     args.json_only = args.json == "-"
     return args
 
