@@ -21,7 +21,8 @@ COPY api ./api
 COPY provider_agents ./provider_agents
 COPY tenant_controllers ./tenant_controllers
 COPY workloads ./workloads
-RUN pip install /app
+# The image runs every service (API, agents with their torchrun nodes, controllers): the whole stack.
+RUN pip install /app[all]
 
 # Non-root. The mount points exist in the image, owned by that user, so named volumes mounted there start writable.
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin hz \

@@ -294,10 +294,23 @@ def tenants_list() -> None:
 
 
 def main() -> None:
+    """The entry point. A command that needs an extra this install lacks (`harmonaize[provider]`, `[workloads]`,
+    `[all]`) is refused in one line naming it (harmonaize_cli/extras.py), not with a traceback."""
+    from harmonaize_cli.extras import missing_extra
+
     try:
-        app()
+        needed = missing_extra(sys.argv[1:])
+        if needed is None:
+            app()
+    except ModuleNotFoundError as exc:
+        needed = missing_extra(sys.argv[1:], exc)
+        if needed is None:
+            raise
     except KeyboardInterrupt:
         sys.exit(130)
+    if needed is not None:
+        typer.echo(f"harmonaize: {needed}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install --quiet "torch==2.13.0"
   # setuptools announces every editable install of a multi-package project with a screen of text; it is not a
   # problem of ours, and hiding it keeps real warnings visible.
-  PYTHONWARNINGS="ignore:Editable installation:UserWarning" python -m pip install --quiet -e ".[test]"
+  PYTHONWARNINGS="ignore:Editable installation:UserWarning" python -m pip install --quiet -e ".[all,test]"
   echo "$want" > "$stamp"
 fi
