@@ -19,7 +19,7 @@ import pytest
 from harmonaize.events import Failure, FailureKind, Severity
 from harmonaize.negotiation import WorkerRange
 from tenant_controllers import Controller, InvalidRequestError
-from tenant_controllers.testing import ControllerHarness, decline, offer
+from tenant_controllers.testing import ControllerHarness, Faults, decline, offer
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -93,6 +93,20 @@ async def test_a_duplicate_delivery_is_handled_once(my_controller: Any) -> None:
         await h.settle()
         assert h.stats.received == 2 and h.stats.duplicates == 1
     assert len(h.provider.negotiations) == 1 and len(h.records) == 1
+
+
+async def test_a_stream_that_stores_everything_twice_and_loses_acks_still_gets_one_negotiation_per_event(
+    my_controller: Any,
+) -> None:
+    faults = Faults(duplicate=1.0, lose_ack=0.5, seed=7)
+    async with ControllerHarness(my_controller.ctl, faults=faults, ack_wait=0.2, capacity=4) as h:
+        await h.publish(gpu_error())
+        await h.settle()
+        await h.publish(gpu_error())
+        await h.settle()
+        assert h.stats.duplicates >= 2
+    assert [n["state"] for n in h.provider.negotiations.values()] == ["accepted", "accepted"]
+    assert [r.status for r in h.records] == ["done", "done"]
 
 
 async def test_an_event_redelivered_after_a_crash_replays_the_negotiation_instead_of_opening_another(
