@@ -117,7 +117,8 @@ def package_version(dist: str) -> str:
 
 def machine_line() -> str:
     cpus = os.cpu_count()
-    return f"{platform.node() or 'host'}: {cpus} CPUs, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    return (f"{platform.node() or 'host'}: {cpus} CPUs, Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}")
 
 
 def git_state() -> str:

@@ -19,9 +19,10 @@ takes CPU the server would otherwise get; see the CPU column):
             one connection) and nothing else: whatever api/db.py adds later counts as our cost.
 
 Every round runs every scenario once, rotating their order; req/s are medians over rounds and their ratios medians
-of the per-round ratios, latency percentiles are over all rounds' samples. Ratios compare each of our endpoints with the baseline doing the nearest amount of
-database work. `--postgres [URL]` repeats everything on a fresh PostgreSQL database (`hz_bench_<random>`, dropped
-afterwards); both apps then use a pool of 16 connections (api/db.py's POSTGRES_POOL_SIZE).
+of the per-round ratios, latency percentiles are over all rounds' samples. Ratios compare each of our endpoints with
+the baseline doing the nearest amount of database work. `--postgres [URL]` repeats everything on a fresh PostgreSQL
+database (`hz_bench_<random>`, dropped afterwards); both apps then use a pool of 16 connections (api/db.py's
+POSTGRES_POOL_SIZE).
 
 Run from the repository root: `python bench/bench_api.py` (~60 s), `--quick` (~10 s), `--help` for sizes.
 No timed assertions: it prints figures. Every loop is bounded in count and in time; only loopback addresses.
@@ -468,7 +469,7 @@ async def run_load(clients: LoadClients, make: RequestFactory, n: int, concurren
             t0 = time.perf_counter()
             try:
                 status = await asyncio.wait_for(send(method, path, body, headers), 30)
-            except (httpx.HTTPError, OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            except (TimeoutError, httpx.HTTPError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 statuses[type(exc).__name__] += 1
                 continue
             latencies.append(time.perf_counter() - t0)
@@ -601,7 +602,7 @@ async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, d
         # req/s ratios: the median of per-round ratios, so slow drift of the machine's load cancels in each pair
         by_key = {s.key: s for s in scenarios}
         paired = {f"{a}/{b}": median(ratio(x["rate"], y["rate"])
-                                     for x, y in zip(by_key[a].results, by_key[b].results))
+                                     for x, y in zip(by_key[a].results, by_key[b].results, strict=True))
                   for _, a, b in COMPARISONS}
         return {"backend": backend, "hosts": hosts, "summary": summary, "paired_rate_ratios": paired,
                 "rounds": {s.key: s.results for s in scenarios}}
@@ -658,7 +659,7 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], meta:
     for res in results:
         s = res["summary"]
         rows = []
-        for key, v in s.items():
+        for v in s.values():
             codes = ", ".join(f"{k}:{c}" for k, c in sorted(v["statuses"].items()))
             client_bound = v["client_cpu"] >= CLIENT_BOUND_CPU
             flagged = flagged or client_bound
@@ -679,8 +680,8 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], meta:
         lines.append(f"allocations: {alloc.get('201', 0)} granted, {alloc.get('409', 0)} refused (409), 1 GPU each, "
                      f"cycling over {args.alloc_jobs} jobs, on {res['hosts']} hosts x {HOST_GPUS} GPUs")
     if flagged:
-        lines.append(f"* the load generator used >= {CLIENT_BOUND_CPU} of a core: that figure is bounded by the client, "
-                     "not the server (try --client raw)")
+        lines.append(f"* the load generator used >= {CLIENT_BOUND_CPU} of a core: that figure is bounded by the "
+                     "client, not the server (try --client raw)")
     return "\n".join(lines)
 
 
@@ -749,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
-        "uvicorn": package_version("uvicorn"), "fastapi": package_version("fastapi"), "sqlalchemy": package_version("SQLAlchemy"),
+        "uvicorn": package_version("uvicorn"), "fastapi": package_version("fastapi"),
+        "sqlalchemy": package_version("SQLAlchemy"),
         "httpx": package_version("httpx"),
         "loop": f"{event_loop_choice()}/{'httptools' if httptools else 'h11'}",
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),

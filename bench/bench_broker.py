@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,13 @@ import nats.errors  # noqa: E402
 from nats.aio.client import Client  # noqa: E402
 from nats.js.client import JetStreamContext  # noqa: E402
 
+import broker_config.provisioner as provisioner  # noqa: E402
 from broker_config.accounts import TenantAccount, UserKeys  # noqa: E402
 from broker_config.keys import ProviderKeys  # noqa: E402
 from broker_config.provisioner import NatsTenantBroker, connect_with_seed  # noqa: E402
 from broker_config.render import render_accounts, tenant_stream_name  # noqa: E402
 from broker_config.server import NatsServer, free_port, nats_server_binary  # noqa: E402
 from broker_config.streams import tenant_events_stream, tenant_pull_consumer  # noqa: E402
-
-import broker_config.provisioner as provisioner  # noqa: E402
 
 HOST = "127.0.0.1"
 PROVIDER_SECRET = b"bench-provider-secret-0123456789abcdef"
@@ -258,11 +258,11 @@ async def publish_pipelined(t: Target, n: int, payload: bytes, cap_s: float) -> 
     start = time.perf_counter()
     try:
         await asyncio.wait_for(issue(), cap_s + 10)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     try:
         results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), deadline.left + 10)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         # gather was cancelled, and with it every future still pending: count only the acks that had arrived
         results = [
             f.result() if f.done() and not f.cancelled() and f.exception() is None else RuntimeError("no ack")
@@ -345,7 +345,7 @@ async def run_round(targets: list[Target], args: argparse.Namespace, payload: by
     seq = [await publish_one_by_one(t, args.seq, payload, args.phase_cap) for t in targets]
     pipe = [await publish_pipelined(t, args.async_n, payload, args.phase_cap) for t in targets]
     con = []
-    for t, a, b in zip(targets, seq, pipe):
+    for t, a, b in zip(targets, seq, pipe, strict=True):
         con.append(await consume(t, a["n"] + b["n"], args.batch, args.phase_cap))
         if con[-1]["n"] < con[-1]["expected"]:
             await drain(t)
@@ -354,7 +354,7 @@ async def run_round(targets: list[Target], args: argparse.Namespace, payload: by
         e2e.append(await end_to_end(t, args.latency_n, payload, args.phase_cap, args.settle_ms / 1000))
         if e2e[-1]["lost"]:
             await drain(t)
-    return [{"seq": a, "pipe": b, "consume": c, "e2e": d} for a, b, c, d in zip(seq, pipe, con, e2e)]
+    return [{"seq": a, "pipe": b, "consume": c, "e2e": d} for a, b, c, d in zip(seq, pipe, con, e2e, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -465,6 +465,37 @@ async def control_plane(
     base: list[dict[str, float]] = []
     deadline = Deadline(args.cp_cap)
     probe = ApplyProbe()
+
+    # each addition takes the tenant as arguments (not from the loop's scope), so a step always measures its own round
+    async def ours_addition(
+        tenant: str, subject: str, new_keys: UserKeys, wanted: list[TenantAccount], reload_s: float
+    ) -> None:
+        probe.reset()
+        t0 = time.perf_counter()
+        await broker.apply(wanted)
+        t1 = time.perf_counter()
+        inside = dict(probe.times)
+        consumer = await broker.ensure_consumer(tenant, "ctl")
+        t2 = time.perf_counter()
+        await ours_provider.jetstream().publish(subject, payload, timeout=5.0)
+        await first_fetch(server.url, new_keys.seed, consumer.js_api_prefix, consumer.stream, 5.0)
+        t3 = time.perf_counter()
+        ours.append({"apply": t1 - t0, "consumer": t2 - t1, "first_fetch": t3 - t2, "total": t3 - t0,
+                     "reload_5ms_poll": reload_s, "reloads": probe.calls["reload_wait"],
+                     **{f"in_{k}": v for k, v in inside.items()}})
+
+    async def plain_addition(tenant: str, subject: str) -> None:
+        js = plain_nc.jetstream()
+        t0 = time.perf_counter()
+        await js.add_stream(tenant_events_stream(tenant))
+        t1 = time.perf_counter()
+        await js.add_consumer(tenant_stream_name(tenant), tenant_pull_consumer(tenant, "ctl"))
+        t2 = time.perf_counter()
+        await js.publish(subject, payload, timeout=5.0)
+        await first_fetch(plain.url, None, None, tenant_stream_name(tenant), 5.0)
+        t3 = time.perf_counter()
+        base.append({"apply": t1 - t0, "consumer": t2 - t1, "first_fetch": t3 - t2, "total": t3 - t0})
+
     probe.install()
     try:
         for i in range(args.tenants_add):
@@ -476,35 +507,9 @@ async def control_plane(
             wanted = [*tenants, TenantAccount(tenant, new_keys.public_key)]
             # side measurement, outside apply: one reload of an unchanged file, polled every 5 ms
             reload_s = await one_reload(system, server)
-
-            async def ours_addition() -> None:
-                probe.reset()
-                t0 = time.perf_counter()
-                await broker.apply(wanted)
-                t1 = time.perf_counter()
-                inside = dict(probe.times)
-                consumer = await broker.ensure_consumer(tenant, "ctl")
-                t2 = time.perf_counter()
-                await ours_provider.jetstream().publish(subject, payload, timeout=5.0)
-                await first_fetch(server.url, new_keys.seed, consumer.js_api_prefix, consumer.stream, 5.0)
-                t3 = time.perf_counter()
-                ours.append({"apply": t1 - t0, "consumer": t2 - t1, "first_fetch": t3 - t2, "total": t3 - t0,
-                             "reload_5ms_poll": reload_s, "reloads": probe.calls["reload_wait"],
-                             **{f"in_{k}": v for k, v in inside.items()}})
-
-            async def plain_addition() -> None:
-                js = plain_nc.jetstream()
-                t0 = time.perf_counter()
-                await js.add_stream(tenant_events_stream(tenant))
-                t1 = time.perf_counter()
-                await js.add_consumer(tenant_stream_name(tenant), tenant_pull_consumer(tenant, "ctl"))
-                t2 = time.perf_counter()
-                await js.publish(subject, payload, timeout=5.0)
-                await first_fetch(plain.url, None, None, tenant_stream_name(tenant), 5.0)
-                t3 = time.perf_counter()
-                base.append({"apply": t1 - t0, "consumer": t2 - t1, "first_fetch": t3 - t2, "total": t3 - t0})
-
-            steps = (ours_addition, plain_addition) if i % 2 == 0 else (plain_addition, ours_addition)
+            ours_step = partial(ours_addition, tenant, subject, new_keys, wanted, reload_s)
+            plain_step = partial(plain_addition, tenant, subject)
+            steps = (ours_step, plain_step) if i % 2 == 0 else (plain_step, ours_step)
             for step in steps:
                 await asyncio.wait_for(step(), 30)
             tenants[:] = wanted
@@ -550,7 +555,8 @@ def paired_ratios(targets: list[Target], a: str, b: str) -> dict[str, float]:
     load cancels out of each pair. Latency ratios are not paired (percentiles pool every round's samples)."""
     ta = next(t for t in targets if t.key == a)
     tb = next(t for t in targets if t.key == b)
-    return {key: median(ratio(ra[phase]["rate"], rb[phase]["rate"]) for ra, rb in zip(ta.rounds, tb.rounds))
+    return {key: median(ratio(ra[phase]["rate"], rb[phase]["rate"])
+                        for ra, rb in zip(ta.rounds, tb.rounds, strict=True))
             for key, phase in RATE_PHASES.items()}
 
 
@@ -668,7 +674,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         payload)
         for r in range(args.rounds):
             order = targets[r % len(targets):] + targets[: r % len(targets)]
-            for t, result in zip(order, await run_round(order, args, payload)):
+            for t, result in zip(order, await run_round(order, args, payload), strict=True):
                 t.rounds.append(result)
             if not args.json_only:
                 print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
@@ -720,7 +726,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--settle-ms", type=float, default=2.0,
                     help="wait after issuing the long-poll fetch before publishing (default 2 ms)")
     ap.add_argument("--payload", type=int, default=256, help="payload bytes (default 256)")
-    ap.add_argument("--tenants-add", type=int, help="tenants added at runtime in phase d (default 10, quick 3; 0 skips)")
+    ap.add_argument("--tenants-add", type=int,
+                    help="tenants added at runtime in phase d (default 10, quick 3; 0 skips)")
     ap.add_argument("--phase-cap", type=float, help="seconds cap on each phase (default 10, quick 4)")
     ap.add_argument("--cp-cap", type=float, default=60.0, help="seconds cap on phase d (default 60)")
     ap.add_argument("--dir", type=Path, help="where the servers keep their stores (default: a temp dir on disk, "

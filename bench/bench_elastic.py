@@ -15,11 +15,12 @@ timed by the same clock at the same point.
   launch on 2 hosts; **(a)** a negotiated scale 2 -> 3 (trigger: the accept response); 3 -> 2; **(b) kill**: SIGKILL
   of one of the 2 hosts (its agent and every process carrying its host's marker: the node, the warm torchrun
   agent); a negotiated 1 -> 2; **(b) frozen**: SIGSTOP of one of the 2 hosts (the same processes: sockets stay
-  open). For failures the time is also split at the **failure event**: the host's `down_at` in `GET /v1/hosts`, set when the fleet monitor reports the host down (it publishes the
-  tenant's `failure` event in the same check).
+  open). For failures the time is also split at the **failure event**: the host's `down_at` in `GET /v1/hosts`, set
+  when the fleet monitor reports the host down (it publishes the tenant's `failure` event in the same check).
 * **torchrun alone**: plain `torch.distributed.run` nodes, `--rdzv-backend=c10d`, default rendezvous settings
   (`last_call_timeout` 30 s, keep-alive 5 s x 3, join 600 s), `--max-restarts=3` (the launcher's; torchrun's default 0
-  ends the job at the first worker failure instead of recovering), `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (docs/building-blocks.md, torchrun trap 1).
+  ends the job at the first worker failure instead of recovering), `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
+  (docs/building-blocks.md, torchrun trap 1).
   The first node started hosts the rendezvous store, and is never the victim (torchrun trap 4: killing it ends the
   job), so the baseline gets its favourable case. Job 1 (`--nnodes=1:3`): 2 nodes, then **(a)** a third node
   started. Job 2 (`--nnodes=1:2`, so that its launch does not wait out the 30 s last call; the survivor of a failure
@@ -94,7 +95,7 @@ JOB = "train"
 TARGET_AFTER_EVENT_S = 5.0
 PG_TIMEOUT_S = 1800.0  # torch.distributed.constants.default_pg_timeout (checked at start, see pg_timeout_s)
 
-# -- logs: every figure is read from log lines, on the wall clock -------------------------------------------------------
+# -- logs: every figure is read from log lines, on the wall clock -----------------------------------------------------
 
 STEP_RE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) workloads\.examples INFO step=(\d+) loss=\S+ world=(\d+)")
 READY_RE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) workloads INFO \[rank 0/(\d+)\] ready at step (\d+)")
@@ -374,8 +375,8 @@ class Provider:
         from broker_config.provisioner import NatsTenantBroker
         from broker_config.render import render_accounts
         from broker_config.server import NatsServer
-        from harmonaize_cli.local_cloud.launcher import serve_api
         from harmonaize.settings import Settings
+        from harmonaize_cli.local_cloud.launcher import serve_api
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.nats = NatsServer(self.data_dir / "nats", accounts_text=render_accounts(ProviderKeys(self.secret), []))
@@ -494,7 +495,8 @@ class Provider:
         opened = await self.tenant.post("/v1/negotiations", headers={"Idempotency-Key": secrets.token_hex(8)},
                                         json={"job": JOB, "kind": "scale", "terms": {"desired_workers": workers}})
         if opened.status_code != 201 or opened.json().get("state") != "offered":
-            raise RuntimeError(f"negotiation to {workers} workers not offered: {opened.status_code} {opened.text[:300]}")
+            raise RuntimeError(
+                f"negotiation to {workers} workers not offered: {opened.status_code} {opened.text[:300]}")
         accepted = await self.tenant.post(f"/v1/negotiations/{opened.json()['id']}/accept", json={"option": 0})
         done = time.time()
         if accepted.status_code != 200:
@@ -862,7 +864,7 @@ def render(reps: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, 
         "",
     ]
     rows = []
-    for ours_key, tr_key, label, base_label in MAIN_ROWS:
+    for ours_key, tr_key, label, _base_label in MAIN_ROWS:
         ours = _values(reps, "ours", ours_key)
         base = _values(reps, "torchrun", tr_key)
         entry = summary[row_id(ours_key, tr_key)]
@@ -884,8 +886,9 @@ def render(reps: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, 
                      if (t := rep.get("ours", {}).get(ours_key)) and t["seconds"] is not None
                      and t["stages"].get("failure event (down_at)") is not None]
             met = summary[f"{ours_key}_target_met"]
+            verdict = "-" if met is None else "met" if met else "MISSED"
             rows.append(["    failure event -> first step", _fmt_s(after), "",
-                         f"target <= {TARGET_AFTER_EVENT_S:.0f} s: " + ("-" if met is None else "met" if met else "MISSED")])
+                         f"target <= {TARGET_AFTER_EVENT_S:.0f} s: " + verdict])
     footnote = (f"* torchrun alone: the survivor blocks in a gloo collective until the process-group timeout "
                 f"({meta['pg_timeout_s'] / 60:.0f} min, torch's default), then fails and re-rendezvouses (~45 s as "
                 f"after a kill): ~{(meta['pg_timeout_s'] + 45) / 60:.0f} min. Ratio: ours / the cap, an upper bound.")

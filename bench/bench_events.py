@@ -244,7 +244,8 @@ class Fleet:
             self.conns[key] = [await nats.connect(url, **options) for _ in range(n)]
         for i in range(self.hosts):
             nc = self.conns["ours"][i % n]
-            publisher = JetStreamPublisher(TimedJs(nc.jetstream(), self.puback, self.failed_attempts), ack_timeout_s=2.0)
+            publisher = JetStreamPublisher(TimedJs(nc.jetstream(), self.puback, self.failed_attempts),
+                                           ack_timeout_s=2.0)
             publisher.start()
             self.publishers.append(publisher)
 
@@ -319,7 +320,7 @@ class Fleet:
         loop = host_open_loop if mode == "rate" else host_closed_loop
         try:
             await asyncio.wait_for(asyncio.gather(*(loop(i) for i in range(self.hosts))), seconds + 30)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             errors[0] += 1
         if ours:  # what is still queued in the publishers is part of this phase: give it a bounded time to go out
             for p in self.publishers:
@@ -738,14 +739,15 @@ class Bench:
 
 async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     import httpx
-
-    from api.migrate import upgrade_async
     from bench_api import ServerProcess
     from bench_broker import PlainServer
+
+    from api.migrate import upgrade_async
     from broker_config.keys import ProviderKeys
     from broker_config.render import render_accounts
     from broker_config.server import NatsServer
-    ours_server = NatsServer(workdir / "ours", accounts_text=render_accounts(ProviderKeys(PROVIDER_SECRET.encode()), []),
+    ours_server = NatsServer(workdir / "ours",
+                             accounts_text=render_accounts(ProviderKeys(PROVIDER_SECRET.encode()), []),
                              host=HOST, server_name="bench-ours", sync_interval=args.sync)
     # The baseline gets the same fsync policy as our broker (a period: nats-server's own default, 2 minutes).
     plain = PlainServer(workdir / "plain", sync_always=args.sync == "always", name="bench-plain")
@@ -805,7 +807,8 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
         if "raw_ours" in args.targets:
             raws.append(await start_raw("raw_ours", JOBS["raw_ours"], ours_server.url, ours[0].runtime.batch,
                                         seed=ProviderKeys(PROVIDER_SECRET.encode()).provider.seed))
-        provider = await nats.connect(ours_server.url, nkeys_seed_str=ProviderKeys(PROVIDER_SECRET.encode()).provider.seed,
+        provider = await nats.connect(ours_server.url,
+                                      nkeys_seed_str=ProviderKeys(PROVIDER_SECRET.encode()).provider.seed,
                                       allow_reconnect=False)
         closers.append(provider)
         b = Bench(args, workdir)
@@ -971,7 +974,8 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     paired = {}
     for key in out["tp"]:
         if key != "raw" and "raw" in results["tp"]:
-            paired[key] = median(ratio(a["rate"], b["rate"]) for a, b in zip(results["tp"][key], results["tp"]["raw"]))
+            paired[key] = median(ratio(a["rate"], b["rate"])
+                                 for a, b in zip(results["tp"][key], results["tp"]["raw"], strict=True))
     out["tp_ratio"] = paired
     return out
 

@@ -66,9 +66,8 @@ from _benchutil import (
 
 ensure_repo_on_path()
 
-import httpx  # noqa: E402
-
 import bench_api  # noqa: E402  (also records sniffio's absence for httpcore, if it is absent)
+import httpx  # noqa: E402
 from bench_api import (  # noqa: E402
     ADMIN_TOKEN,
     CLIENT_BOUND_CPU,
@@ -254,7 +253,8 @@ async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, d
 
         makers = {
             "ours_request": request,
-            "ours_replay": lambda i: ("POST", "/v1/negotiations", replay, {**tenant, "Idempotency-Key": "bench-replay"}),
+            "ours_replay": lambda i: ("POST", "/v1/negotiations", replay,
+                                      {**tenant, "Idempotency-Key": "bench-replay"}),
             "base_insert": lambda i: ("POST", "/rows", {"name": f"row-{i}"}, None),
         }
         cycle_state: dict[int, int] = {}
@@ -298,7 +298,7 @@ async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, d
             }
             for key in SCENARIOS
         }
-        paired = {f"{a}/{b}": median(ratio(x["rate"], y["rate"]) for x, y in zip(results[a], results[b]))
+        paired = {f"{a}/{b}": median(ratio(x["rate"], y["rate"]) for x, y in zip(results[a], results[b], strict=True))
                   for _, a, b in COMPARISONS}
         return {"backend": backend, "summary": summary, "paired_rate_ratios": paired, "rounds": results}
     finally:
@@ -327,7 +327,7 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], meta:
     for res in results:
         s = res["summary"]
         rows = []
-        for key, v in s.items():
+        for v in s.values():
             codes = ", ".join(f"{k}:{c}" for k, c in sorted(v["statuses"].items()))
             client_bound = v["client_cpu"] >= CLIENT_BOUND_CPU
             flagged = flagged or client_bound
@@ -348,8 +348,8 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], meta:
                                fmt(ratio(s[a]["p99_ms"], s[b]["p99_ms"]), "x")])
         lines += ["", table(["ours / baseline", "req/s", "p50", "p99"], ratio_rows)]
     if flagged:
-        lines.append(f"* the load generator used >= {CLIENT_BOUND_CPU} of a core: that figure is bounded by the client, "
-                     "not the server (try --client raw)")
+        lines.append(f"* the load generator used >= {CLIENT_BOUND_CPU} of a core: that figure is bounded by the "
+                     "client, not the server (try --client raw)")
     return "\n".join(lines)
 
 
@@ -410,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
-        "uvicorn": package_version("uvicorn"), "fastapi": package_version("fastapi"), "sqlalchemy": package_version("SQLAlchemy"),
+        "uvicorn": package_version("uvicorn"), "fastapi": package_version("fastapi"),
+        "sqlalchemy": package_version("SQLAlchemy"),
         "httpx": package_version("httpx"),
         "loop": f"{event_loop_choice()}/{'httptools' if httptools else 'h11'}",
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),

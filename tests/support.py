@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError
@@ -74,7 +75,9 @@ class Inbox:
         return [m.subject for m in self.messages]
 
 
-async def add_stream_once_the_cluster_serves(js: JetStreamContext, config: StreamConfig, *, timeout: float = 30.0) -> None:
+async def add_stream_once_the_cluster_serves(
+    js: JetStreamContext, config: StreamConfig, *, timeout: float = 30.0
+) -> None:
     """Create a stream on a cluster that was just started: its nodes accept clients before they have elected a
     meta leader, and until then the request fails or goes unanswered."""
 

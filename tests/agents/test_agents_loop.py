@@ -188,9 +188,10 @@ async def test_run_ticks_and_beats_on_the_agents_clock_until_stopped() -> None:
     await eventually(lambda: agent.ticks == 1 and len(raw.on(".heartbeat")) == 1, what="the first tick and beat")
     for expected_ticks in range(2, 5):
         clock.advance(0.5)
-        await eventually(lambda: len(raw.on(".heartbeat")) == 2 * expected_ticks - 2, what="a heartbeat every 0.5 s")
+        await eventually(lambda n=expected_ticks: len(raw.on(".heartbeat")) == 2 * n - 2,
+                         what="a heartbeat every 0.5 s")
         clock.advance(0.5)
-        await eventually(lambda: agent.ticks == expected_ticks, what=f"tick {expected_ticks}")
+        await eventually(lambda n=expected_ticks: agent.ticks == n, what=f"tick {expected_ticks}")
     agent.stop()
     await asyncio.wait_for(running, 2.0)
     assert agent.ticks == 4 and "failure" in sink.kinds(), "the failure at 2.5 s was seen at the 3 s tick"
@@ -234,7 +235,8 @@ async def test_same_seed_same_events() -> None:
         for _ in range(7):
             await agent.step()
             clock.advance(1.0)
-        return [{"nats_subject": p.subject, **p.event.to_json_dict(), "id": None, "traceparent": None} for p in sink.items]
+        return [{"nats_subject": p.subject, **p.event.to_json_dict(), "id": None, "traceparent": None}
+                for p in sink.items]
 
     first, second = await run_once(), await run_once()
     assert first == second

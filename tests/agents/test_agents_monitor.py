@@ -158,7 +158,7 @@ async def test_sigkilled_agent_process_is_reported_to_each_affected_tenant_withi
         async def every_host_down_arrived() -> bool:
             waiting = [t for t in jobs if t not in latencies]
             arrived = await asyncio.gather(*(readers[t].read(wait=0.05) for t in waiting))
-            for tenant, got in zip(waiting, arrived):
+            for tenant, got in zip(waiting, arrived, strict=True):
                 if got:
                     latencies[tenant] = time.monotonic() - killed_at
             return len(latencies) == len(jobs)

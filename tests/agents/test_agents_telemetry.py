@@ -72,7 +72,7 @@ def test_samples_do_not_depend_on_call_history() -> None:
 
 def test_the_scenario_unfolds_on_the_clock() -> None:
     times = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]
-    at = dict(zip(times, _run("h1", seed=0, times=times)))
+    at = dict(zip(times, _run("h1", seed=0, times=times), strict=True))
     assert at[0.5].failures == () and at[0.5].maintenance == () and at[0.5].links == ()
     predicted = [f for f in at[1.5].failures if f.kind is RawFailureKind.PREDICTED_FAILURE]
     assert predicted and predicted[0].eta == START + timedelta(seconds=5) and predicted[0].confidence == 0.9

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from harmonaize.desired_state import AssignedJob, HostAssignment
-from harmonaize.job_runtime import JobRanges, Range, violations, Directives
+from harmonaize.events import MaintenanceKind, MaintenanceStatus
+from harmonaize.job_runtime import Directives, JobRanges, Range, violations
 from harmonaize.jobs import Compression, ParallelPlan
 from provider_agents.micro_loop import JobSignals, decide, job_signals
-from workloads.directives import plan_violations
 from provider_agents.telemetry.model import (
     FabricSample,
     FailureSignal,
@@ -17,7 +17,7 @@ from provider_agents.telemetry.model import (
     MaintenanceNotice,
     RawFailureKind,
 )
-from harmonaize.events import MaintenanceKind, MaintenanceStatus
+from workloads.directives import plan_violations
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 RANGES = JobRanges(

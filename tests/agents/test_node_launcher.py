@@ -42,7 +42,8 @@ def _job(epoch: int = 1, *, nodes: int = 2, workers: int = 1, restart: RestartMo
 
 
 def _assignment(*jobs: AssignedJob, generation: int = 1) -> HostAssignment:
-    return HostAssignment(host="h1", locality_group="g1", generation=generation, jobs=jobs, updated_at=datetime.now(UTC))
+    return HostAssignment(host="h1", locality_group="g1", generation=generation, jobs=jobs,
+                          updated_at=datetime.now(UTC))
 
 
 class Rig:
@@ -127,7 +128,9 @@ async def test_a_new_epoch_stops_gracefully_then_starts_and_leaves_no_orphans(ri
     await launcher.shutdown(stop_nodes=True)
 
 
-async def test_an_immediate_restart_does_not_wait_for_the_grace_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_immediate_restart_does_not_wait_for_the_grace_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rig = Rig(tmp_path, monkeypatch, stop_s=30.0)  # a job that would take 30 s to stop gracefully
     launcher = rig.launcher()
     await _converge(launcher, _assignment(_job(epoch=1)))

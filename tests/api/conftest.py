@@ -35,9 +35,9 @@ from sqlalchemy.engine import URL, make_url
 
 from api import migrate
 from api.app import create_app
-from api.options import NegotiationOptions
 from api.db import make_engine
 from api.models import Base
+from api.options import NegotiationOptions
 from harmonaize.settings import Settings
 from tests.api.api_memory_broker import InMemoryBroker
 from tests.api.api_testkit import ADMIN_TOKEN, PROVIDER_SECRET, FakeClock, TenantHandle, create_tenant
@@ -97,7 +97,7 @@ def postgres_server() -> PostgresServer:
     server = PostgresServer(url)
     try:
         run_blocking(server.probe)
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         where = url.render_as_string(hide_password=True)
         message = f"PostgreSQL is unreachable at {where} ({type(exc).__name__}: {exc}); set HZ_TEST_POSTGRES_URL"
         if os.environ.get("CI"):

@@ -32,11 +32,11 @@ from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import TENANT_JS_PREFIX, tenant_stream_name
 from broker_config.server import NatsServer
 from harmonaize.events import Failure, FailureKind, Severity, agent_source, make_event, parse_event
+from harmonaize.negotiation import RoundAction
 from harmonaize.settings import Settings
 from harmonaize.subjects import tenant_event_subject
 from provider_agents.publisher import JetStreamPublisher
 from provider_agents.runtime import connect_provider
-from harmonaize.negotiation import RoundAction
 from tests.api.api_memory_broker import InMemoryBroker
 from tests.api.api_memory_bus import MemoryProviderBus
 from tests.api.api_testkit import ADMIN, EPOCH, TenantHandle, create_host, create_job

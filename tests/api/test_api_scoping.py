@@ -1,7 +1,7 @@
 """Tenant scoping and the provider's privacy: walk every route of the app as the wrong caller.
 
-Routes are discovered from the app itself (its OpenAPI document), so a route added later is covered automatically: unless it is listed
-below as a tenant route, it must refuse tenant tokens.
+Routes are discovered from the app itself (its OpenAPI document), so a route added later is covered automatically:
+unless it is listed below as a tenant route, it must refuse tenant tokens.
 """
 
 from __future__ import annotations

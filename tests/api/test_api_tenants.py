@@ -1,4 +1,5 @@
-"""Tenants, tokens and the broker: secrets shown once and stored hashed, admin-only routes, broker failures roll back."""
+"""Tenants, tokens and the broker: secrets shown once and stored hashed, admin-only routes, broker failures roll
+back."""
 
 from __future__ import annotations
 

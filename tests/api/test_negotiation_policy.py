@@ -173,7 +173,8 @@ def test_defer_offers_the_lowest_carbon_start_in_the_window() -> None:
     (option,) = offer(ask(NegotiationKind.DEFER, carbon=SOLAR_DIP, start_after=(NOW + HOUR).isoformat(),
                           constraints={"deadline": (NOW + 9 * HOUR).isoformat()})).options
     assert (option.workers, option.start_at, option.expected_carbon_g_per_kwh) == (2, NOW + 5 * HOUR, 205)
-    bounded = offer(ask(NegotiationKind.DEFER, carbon=SOLAR_DIP, constraints={"deadline": (NOW + 3 * HOUR).isoformat()}))
+    bounded = offer(ask(NegotiationKind.DEFER, carbon=SOLAR_DIP,
+                        constraints={"deadline": (NOW + 3 * HOUR).isoformat()}))
     assert bounded.options[0].start_at == NOW + 2 * HOUR
 
 

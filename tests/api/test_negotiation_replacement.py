@@ -214,10 +214,12 @@ async def test_a_host_the_job_does_not_use_moves_nothing_and_bad_names_are_refus
 
     plan = await negotiate(client, placed, "train", key="plan", kind="repartition", parallel_plan="hsdp",
                            replace_hosts=[seen_as(placed, "h1")])
-    assert plan["state"] == "declined" and plan["rounds"][-1]["note"] == "replace_hosts is for scale requests, not repartition"
+    assert plan["state"] == "declined"
+    assert plan["rounds"][-1]["note"] == "replace_hosts is for scale requests, not repartition"
     for bad in (["h1"], [seen_as(placed, "h1")] * 2, []):
         response = await client.post(
-            "/v1/negotiations", json={"job": "train", "kind": "scale", "terms": {"desired_workers": 2, "replace_hosts": bad}},
+            "/v1/negotiations",
+            json={"job": "train", "kind": "scale", "terms": {"desired_workers": 2, "replace_hosts": bad}},
             headers={**placed.headers, "Idempotency-Key": f"bad-{len(bad)}-{bad[:1]}"},
         )
         assert response.status_code == 422, (bad, response.text)

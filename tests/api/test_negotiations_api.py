@@ -166,7 +166,8 @@ async def test_every_refused_move_is_a_409_naming_the_current_state(
         created = await negotiate(client, demo, "train", key=state.value, desired_workers=2)
         assert (await act(client, demo, created["id"], action)).status_code == 200
         ids[state] = created["id"]
-    declined = await negotiate(client, demo, "train", key="declined", desired_workers=9, accept_workers={"min": 9, "max": 9})
+    declined = await negotiate(client, demo, "train", key="declined", desired_workers=9,
+                               accept_workers={"min": 9, "max": 9})
     assert declined["state"] == "declined" and declined["offer"] is None
     assert "9" in declined["rounds"][-1]["note"]
     ids[NegotiationState.DECLINED] = declined["id"]
@@ -230,7 +231,8 @@ async def test_scale_down_repartition_and_a_later_start(
     plan = await negotiate(client, acme, "big", key="p", kind="repartition", parallel_plan="hsdp")
     assert (await act(client, acme, plan["id"], RoundAction.ACCEPT)).status_code == 200
     desired = [HostAssignment.model_validate_json(r.payload) for r in await outbox(app, OutboxTopic.DESIRED_STATE)]
-    assert {d.host for d in desired[-2:]} == {"a1", "b1"} and all(d.jobs[0].parallel_plan == "hsdp" for d in desired[-2:])
+    assert {d.host for d in desired[-2:]} == {"a1", "b1"}
+    assert all(d.jobs[0].parallel_plan == "hsdp" for d in desired[-2:])
 
     down = await negotiate(client, acme, "big", key="down", desired_workers=1)
     assert (await act(client, acme, down["id"], RoundAction.ACCEPT)).status_code == 200

@@ -44,7 +44,8 @@ async def test_fifty_concurrent_accepts_exactly_fill_capacity(
     assert await ledger_totals(app) == (TOTAL_GPUS, TOTAL_GPUS, TOTAL_GPUS)
     async with app.state.sessionmaker() as session:
         assert all(host.allocated_gpus == host.gpus for host in await session.scalars(select(Host)))
-        states = dict((await session.execute(select(Negotiation.state, func.count()).group_by(Negotiation.state))).all())
+        counted = await session.execute(select(Negotiation.state, func.count()).group_by(Negotiation.state))
+        states = dict(counted.all())
     assert states == {NegotiationState.ACCEPTED: TOTAL_GPUS, NegotiationState.OFFERED: JOBS - TOTAL_GPUS}
     jobs = (await client.get("/v1/jobs", headers=acme.headers)).json()
     assert sum(job["desired_workers"] for job in jobs) == TOTAL_GPUS

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("harmonaize", "harmonaize_cli", "broker_config", "api", "provider_agents", "tenant_controllers", "workloads")
+PACKAGES = (
+    "harmonaize", "harmonaize_cli", "broker_config", "api", "provider_agents", "tenant_controllers", "workloads",
+)
 
 
 def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:

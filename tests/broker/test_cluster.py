@@ -7,7 +7,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NoStreamResponseError
 
 from broker_config.accounts import TenantAccount

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import nats.errors
 import pytest
 from nats.js.api import ConsumerConfig
 
@@ -69,12 +70,12 @@ async def test_acme_cannot_create_or_read_jetstream_consumers_on_globex_events(
         js = acme.client.jetstream(prefix=prefix, timeout=0.5)
         for stream, filt in (("HZ_T_globex", "hz.t.globex.>"), ("HZ_T_acme", "hz.t.globex.>"),
                              ("HZ_T_acme", "hz.t.acme.>")):
-            with pytest.raises(Exception):
+            with pytest.raises(nats.errors.TimeoutError):
                 await js.add_consumer(stream, ConsumerConfig(durable_name="spy", filter_subject=filt))
             attempts += 1
         received: list[bytes] = []
         spy = await js.pull_subscribe_bind("ctl", stream="HZ_T_globex")
-        with pytest.raises(Exception):
+        with pytest.raises(nats.errors.TimeoutError):
             for msg in await spy.fetch(5, timeout=0.5):
                 received.append(msg.data)
         attempts += 1
@@ -83,7 +84,7 @@ async def test_acme_cannot_create_or_read_jetstream_consumers_on_globex_events(
 
     for request in ("$JS.API.STREAM.LIST", "$JS.API.STREAM.DELETE.HZ_T_acme", "$JS.API.STREAM.PURGE.HZ_T_globex",
                     "$JS.API.STREAM.CREATE.KV_spy", "$KV.placements.x", "$SYS.REQ.SERVER.PING"):
-        with pytest.raises(Exception):
+        with pytest.raises(nats.errors.TimeoutError):
             await acme.client.request(request, b"{}", timeout=0.5)
     await eventually(lambda: len(acme.violations("publish")) >= attempts + 6, what="violations for the JS/KV/SYS API")
 

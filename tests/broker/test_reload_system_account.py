@@ -41,7 +41,7 @@ async def _load_times(system: Client, expected: int) -> dict[str, str]:
     return times
 
 
-def _routed(system: Client, size: int) -> "Callable[[], Awaitable[bool]]":
+def _routed(system: Client, size: int) -> Callable[[], Awaitable[bool]]:
     async def probe() -> bool:
         return len(await cluster_server_ids(system)) == size
 
@@ -117,7 +117,9 @@ async def test_only_the_system_account_may_ask_for_a_reload(nats_server: NatsSer
 
 
 @pytest.mark.slow
-async def test_every_node_of_a_cluster_sharing_one_accounts_file_reloads(tmp_path: Path, provider_secret: bytes) -> None:
+async def test_every_node_of_a_cluster_sharing_one_accounts_file_reloads(
+    tmp_path: Path, provider_secret: bytes
+) -> None:
     """As in the compose `cluster` profile: three nodes include one accounts file; a tenant added through node 0 can
     connect to node 2."""
     keys = ProviderKeys(provider_secret)
@@ -143,7 +145,8 @@ async def test_every_node_of_a_cluster_sharing_one_accounts_file_reloads(tmp_pat
 
         await _jetstream_ready(servers[0].url, keys.provider.seed)
         broker = NatsTenantBroker(
-            servers=[servers[0].url], provider_secret=provider_secret, accounts_file=shared, reload=SystemAccountReload()
+            servers=[servers[0].url], provider_secret=provider_secret, accounts_file=shared,
+            reload=SystemAccountReload(),
         )
         acme = broker.new_user_keys()
         await broker.apply([TenantAccount("acme", acme.public_key)])

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from broker_config.render import ServerOptions, render_server
 from broker_config.server import validate_config_file
-from harmonaize_cli.main import app
 from harmonaize.settings import Settings
+from harmonaize_cli.main import app
 
 
 def test_the_default_fsyncs_every_write_and_a_period_renders_a_config_nats_server_accepts(tmp_path: Path) -> None:

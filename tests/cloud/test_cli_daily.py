@@ -78,7 +78,9 @@ def test_jobs_negotiations_events_and_scenario_commands(small_cloud: RunningClou
     )
     time.sleep(1.0)  # the tail must be subscribed before the episode starts; it waits for its event below
     scenario = tmp_path / "congest.yaml"
-    scenario.write_text("version: 1\ncongestion:\n  - {groups: [g1, g2], link: spine-1, start: 0s, duration: 60s, slowdown: 3}\n")
+    scenario.write_text(
+        "version: 1\ncongestion:\n  - {groups: [g1, g2], link: spine-1, start: 0s, duration: 60s, slowdown: 3}\n"
+    )
     injected = _run(admin, "scenario", "run", str(scenario))
     assert injected.returncode == 0, injected.stderr
     assert "into 2 host(s): h1, h2" in injected.stdout

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harmonaize_cli.main import app
 from harmonaize_cli.lazy import lazy_entries
+from harmonaize_cli.main import app
 
 HEAVY = ("torch", "fastapi", "starlette", "sqlalchemy", "alembic", "nats", "uvicorn", "uvloop", "numpy")
 PARTS = ("api", "provider_agents", "tenant_controllers", "workloads")

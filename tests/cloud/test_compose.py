@@ -40,10 +40,10 @@ from typer.testing import CliRunner
 
 from broker_config.keys import ProviderKeys
 from broker_config.render import TENANT_JS_PREFIX
-from harmonaize_cli.main import app
-from harmonaize_cli.services import read_credentials
 from harmonaize.desired_state import DESIRED_STATE_BUCKET, HostAssignment, host_key
 from harmonaize.settings import Settings
+from harmonaize_cli.main import app
+from harmonaize_cli.services import read_credentials
 from provider_agents.fleet_monitor import HEARTBEAT_FILTER
 from provider_agents.telemetry.scenario import load_scenario
 from tests.cloud.compose_env import (
@@ -360,7 +360,7 @@ async def postgres_database() -> AsyncIterator[str]:
     name = f"hz_compose_{os.getpid()}_{secrets.token_hex(4)}"
     try:
         connection = await asyncpg.connect(dsn, timeout=5)
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         message = f"PostgreSQL is unreachable at {url.render_as_string(hide_password=True)} ({exc!r})"
         if os.environ.get("CI"):
             pytest.fail(f"{message}; CI must provide PostgreSQL")
@@ -373,7 +373,9 @@ async def postgres_database() -> AsyncIterator[str]:
         await connection.close()
 
 
-async def wait_for(probe: Callable[[], Awaitable[Any] | Any], *, timeout: float, what: str, interval: float = 0.2) -> Any:
+async def wait_for(
+    probe: Callable[[], Awaitable[Any] | Any], *, timeout: float, what: str, interval: float = 0.2
+) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -416,7 +418,8 @@ class LocalCompose:
         self.mapping.prepare(name, spec)
         root = self.mapping.root(name)
         if spec["image"].startswith("nats:"):
-            self.run.start(name, nats_argv(self.mapping.argv(spec["command"], service=name)), env=self.base_env, cwd=root)
+            self.run.start(name, nats_argv(self.mapping.argv(spec["command"], service=name)), env=self.base_env,
+                           cwd=root)
             return
         assert is_ours(spec), f"{name}: an image this test cannot run ({spec['image']})"
         cwd = Path(self.mapping.path(spec["working_dir"], service=name)) if spec.get("working_dir") else root / "app"
@@ -519,7 +522,8 @@ async def _check_the_cloud(cloud: LocalCompose, env: dict[str, str]) -> None:
     await tenant.close()
 
     # four agents heartbeat; the desired state places the job's workers on two hosts, one torchrun node each
-    provider = await nats.connect(nats_url, nkeys_seed_str=ProviderKeys(env["HZ_PROVIDER_SECRET"].encode()).provider.seed)
+    provider_seed = ProviderKeys(env["HZ_PROVIDER_SECRET"].encode()).provider.seed
+    provider = await nats.connect(nats_url, nkeys_seed_str=provider_seed)
     try:
         beating: set[str] = set()
 

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from harmonaize_cli.local_cloud.launcher import LocalCloudInfo, run_local_cloud
-from harmonaize_cli.local_cloud.fleet import LocalFleet, fleet_of
 from harmonaize.settings import Settings
+from harmonaize_cli.local_cloud.fleet import LocalFleet, fleet_of
+from harmonaize_cli.local_cloud.launcher import LocalCloudInfo, run_local_cloud
 from provider_agents.processes import alive, marked_processes
 from tests.cloud.test_up import read_env_file, start_up
 from tests.support import eventually

@@ -17,7 +17,6 @@ import nats
 import pytest
 
 from broker_config.render import TENANT_JS_PREFIX
-
 from tests.support import eventually
 
 HARMONAIZE = [sys.executable, "-m", "harmonaize_cli"]

@@ -13,13 +13,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent as SdkCloudEvent
 from cloudevents.v1.http import from_http as legacy_from_http
 
-from harmonaize.jobs import Compression, ParallelPlan
-from harmonaize.negotiation import NegotiationKind, NegotiationState, Offer, OfferOption
 from harmonaize.events import (
-    DirectiveState,
-    DirectiveUpdate,
-    JobUpdate,
-    NegotiationUpdate,
     CONTENT_TYPE,
     DEFAULT_REGISTRY,
     BandwidthClass,
@@ -27,6 +21,8 @@ from harmonaize.events import (
     CarbonIntensity,
     CloudEvent,
     Congestion,
+    DirectiveState,
+    DirectiveUpdate,
     EventData,
     EventError,
     EventKind,
@@ -36,9 +32,11 @@ from harmonaize.events import (
     GroupCapacity,
     GroupLink,
     InvalidEventError,
+    JobUpdate,
     LocalityGroup,
     Maintenance,
     MaintenanceWindow,
+    NegotiationUpdate,
     Topology,
     TopologyNode,
     UnknownEventTypeError,
@@ -48,6 +46,8 @@ from harmonaize.events import (
     parse_event_as,
 )
 from harmonaize.ids import InvalidIdError
+from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.negotiation import NegotiationKind, NegotiationState, Offer, OfferOption
 from harmonaize.timeids import is_uuid7
 
 T0 = datetime(2025, 3, 14, 1, 59, 26, 535897, tzinfo=UTC)

@@ -389,7 +389,10 @@ def test_subclass_without_version_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "host",
-    ["h-1a2b3c\n", "H-1A2B3C", "h-1A2B3C", "h-1a2b3", "h-" + "a" * 33, "h-1a2b3g", "h-1a2b3\u0441", "g-1a2b3c", "node-7"],
+    [
+        "h-1a2b3c\n", "H-1A2B3C", "h-1A2B3C", "h-1a2b3", "h-" + "a" * 33, "h-1a2b3g", "h-1a2b3\u0441", "g-1a2b3c",
+        "node-7",
+    ],
 )
 def test_host_pseudonyms_have_exactly_the_tenant_facing_shape(host: str) -> None:
     with pytest.raises(ValidationError) as caught:

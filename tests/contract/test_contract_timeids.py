@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_ten_thousand_ids_in_a_tight_loop_are_strictly_increasing_valid_uuid7() 
     ids = [uuid7() for _ in range(10_000)]
     for value in ids:
         _assert_valid_uuid7(value)
-    assert all(earlier < later for earlier, later in zip(ids, ids[1:]))
+    assert all(earlier < later for earlier, later in pairwise(ids))
     assert len(set(ids)) == len(ids)
 
 
@@ -49,7 +50,7 @@ def test_timestamp_is_the_clock_in_milliseconds() -> None:
 def test_counter_overflow_within_one_millisecond_borrows_the_next_millisecond() -> None:
     generator = UUID7Generator(clock_ms=lambda: 5_000, random_bits=lambda bits: (1 << bits) - 1)
     ids = [generator() for _ in range(5_000)]
-    assert all(earlier < later for earlier, later in zip(ids, ids[1:]))
+    assert all(earlier < later for earlier, later in pairwise(ids))
     assert uuid7_unix_ms(ids[0]) == 5_000
     assert uuid7_unix_ms(ids[-1]) > 5_000
     for value in ids:
@@ -59,7 +60,7 @@ def test_counter_overflow_within_one_millisecond_borrows_the_next_millisecond() 
 def test_clock_running_backwards_never_produces_a_smaller_id() -> None:
     generator = UUID7Generator(clock_ms=_scripted_clock([10_000, 10_001, 9_000, 9_500, 10_001, 10_002]))
     ids = [generator() for _ in range(6)]
-    assert all(earlier < later for earlier, later in zip(ids, ids[1:]))
+    assert all(earlier < later for earlier, later in pairwise(ids))
     assert [uuid7_unix_ms(value) for value in ids] == [10_000, 10_001, 10_001, 10_001, 10_001, 10_002]
 
 

@@ -16,11 +16,11 @@ import pytest
 
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
-from tests.controllers.fake_provider import FakeProvider
-from tests.controllers.live_cloud import LiveCloud, live_cloud
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.memory import MemoryBroker
 from tenant_controllers.store import HandledStore
+from tests.controllers.fake_provider import FakeProvider
+from tests.controllers.live_cloud import LiveCloud, live_cloud
 
 
 @pytest.fixture(autouse=True)

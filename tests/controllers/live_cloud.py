@@ -23,9 +23,9 @@ from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import tenant_stream_name
 from broker_config.server import NatsServer
 from harmonaize.events import CloudEvent
-from harmonaize_cli.local_cloud.launcher import serve_api
 from harmonaize.settings import Settings
 from harmonaize.subjects import tenant_event_subject
+from harmonaize_cli.local_cloud.launcher import serve_api
 
 ADMIN_TOKEN = "controllers-admin-token-0123456789"
 TENANT = "acme"
@@ -59,7 +59,8 @@ class LiveCloud:
         }
 
     async def publish(self, event: CloudEvent[Any], *, msg_id: str | None = None) -> None:
-        """Publish as the provider; retried until the stream acknowledges it (core publishes can be lost: docs/building-blocks.md)."""
+        """Publish as the provider; retried until the stream acknowledges it (core publishes can be lost:
+        docs/building-blocks.md)."""
         subject = tenant_event_subject(self.tenant, event.data.KIND, event.subject)
         headers = {"Nats-Msg-Id": msg_id or event.id, "Content-Type": "application/cloudevents+json"}
         for _ in range(200):

@@ -31,7 +31,9 @@ GROUP_A = "g-" + "a" * 16
 GROUP_B = "g-" + "b" * 16
 
 
-def carbon(g: float, *, job: str = "llm-finetune", at: datetime | None = None, event_id: str | None = None) -> CloudEvent[CarbonIntensity]:
+def carbon(
+    g: float, *, job: str = "llm-finetune", at: datetime | None = None, event_id: str | None = None
+) -> CloudEvent[CarbonIntensity]:
     when = at or T0
     data = CarbonIntensity(region="US-CAL-CISO", g_per_kwh=float(g), observed_at=when)
     return make_event(data, source="/hz/provider/carbon", subject=job, time=when, event_id=event_id)
@@ -47,8 +49,13 @@ def failure(*, job: str = "llm-finetune", kind: FailureKind = FailureKind.HOST_D
     return make_event(data, source="/hz/provider/agent", subject=job, time=when, event_id=event_id)
 
 
-def congestion(level: CongestionLevel, *, job: str = "llm-finetune", scope: CongestionScope = CongestionScope.INTER_GROUP,
-               at: datetime | None = None) -> CloudEvent[Congestion]:
+def congestion(
+    level: CongestionLevel,
+    *,
+    job: str = "llm-finetune",
+    scope: CongestionScope = CongestionScope.INTER_GROUP,
+    at: datetime | None = None,
+) -> CloudEvent[Congestion]:
     when = at or T0
     slowdown = 1.0 if level is CongestionLevel.NONE else 2.5
     groups = () if level is CongestionLevel.NONE else (GROUP_A, GROUP_B)

@@ -110,7 +110,9 @@ async def test_a_view_older_than_twice_max_age_is_reread_before_the_handler(api:
     await job.aclose()
 
 
-async def test_up_to_the_stale_limit_a_quiet_jobs_view_is_served_while_it_is_reread(api: GatedApi, clock: Clock) -> None:
+async def test_up_to_the_stale_limit_a_quiet_jobs_view_is_served_while_it_is_reread(
+    api: GatedApi, clock: Clock
+) -> None:
     """The runtime's limit (a minute) is wider than twice max_age: after a quiet spell, the events that wake the
     controller do not all queue behind a blocking read; past the limit they do."""
     job = await loaded(api, clock)

@@ -1,4 +1,5 @@
-"""Fast tier: the Job handle and negotiation client against a fake of the REST contract (tests/controllers/fake_provider).
+"""Fast tier: the Job handle and negotiation client against a fake of the REST contract
+(tests/controllers/fake_provider).
 
 The same behaviours run against the real API in test_real_negotiation.py; here they are cheap enough to cover every
 error mapping and every retry path.
@@ -33,7 +34,9 @@ async def loaded(api: ProviderApi, job_id: str = "llm-finetune") -> Job:
     return await Job(job_id, api=api).refresh()
 
 
-async def test_job_reads_the_agreed_size_and_negotiate_accept_changes_it(provider: FakeProvider, api: ProviderApi) -> None:
+async def test_job_reads_the_agreed_size_and_negotiate_accept_changes_it(
+    provider: FakeProvider, api: ProviderApi
+) -> None:
     job = await loaded(api)
     assert (job.workers, job.min_workers, job.max_workers, job.parallel_plan) == (2, 1, 4, ParallelPlan.DDP)
 
@@ -51,7 +54,9 @@ async def test_job_reads_the_agreed_size_and_negotiate_accept_changes_it(provide
     assert post.headers["idempotency-key"].startswith("hz-")
 
 
-async def test_a_declined_request_raises_declined_with_the_negotiation(provider: FakeProvider, api: ProviderApi) -> None:
+async def test_a_declined_request_raises_declined_with_the_negotiation(
+    provider: FakeProvider, api: ProviderApi
+) -> None:
     provider.capacity["llm-finetune"] = 2
     job = await loaded(api)
     with pytest.raises(Declined) as caught:
@@ -88,7 +93,9 @@ async def test_reject_and_cancel_end_the_negotiation_and_later_actions_conflict(
     assert not isinstance(caught.value, (PermanentError, TemporaryError)), "409 is retried by the handler policy"
 
 
-async def test_http_errors_map_to_exceptions_carrying_the_servers_reason(provider: FakeProvider, api: ProviderApi) -> None:
+async def test_http_errors_map_to_exceptions_carrying_the_servers_reason(
+    provider: FakeProvider, api: ProviderApi
+) -> None:
     with pytest.raises(NotFoundError) as missing:
         await Job("no-such-job", api=api).refresh()
     assert missing.value.status == 404 and "no-such-job" in missing.value.reason
@@ -194,7 +201,9 @@ async def test_defer_and_migrate_send_their_kinds_and_terms(provider: FakeProvid
     assert defer_body["kind"] == "defer" and defer_body["terms"]["desired_workers"] == 3
     assert defer_body["terms"]["constraints"] == {"carbon_cap_g_per_kwh": 180.0}
     assert datetime.fromisoformat(defer_body["terms"]["start_after"]) > datetime.now(UTC) + timedelta(minutes=119)
-    assert migrate_body == {"job": "llm-finetune", "kind": "migrate_region", "terms": {"region": "DE", "constraints": {}}}
+    assert migrate_body == {
+        "job": "llm-finetune", "kind": "migrate_region", "terms": {"region": "DE", "constraints": {}},
+    }
 
 
 async def test_a_scale_request_in_a_failure_handler_replaces_the_failing_host_unless_told_otherwise(

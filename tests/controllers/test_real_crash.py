@@ -19,7 +19,6 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-
 from harmonaize.events import CarbonIntensity, parse_event
 from tenant_controllers.store import HandledStore, Status
 from tests.controllers.live_cloud import LiveCloud

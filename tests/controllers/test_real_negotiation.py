@@ -96,7 +96,8 @@ async def test_idempotency_keys_replay_defer_gets_a_later_start_and_an_unknown_r
 
         offer = await job.defer(start_after=timedelta(hours=1), deadline=timedelta(hours=12))
         assert offer.kind is NegotiationKind.DEFER and offer.state is NegotiationState.OFFERED
-        assert all(option.start_at is not None and option.start_at >= offer.terms.start_after for option in offer.options)
+        assert all(option.start_at is not None and option.start_at >= offer.terms.start_after
+                   for option in offer.options)
         await offer.cancel("just looking")
         with pytest.raises(Declined) as declined:
             await job.migrate(region="XX-NOWHERE")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from itertools import pairwise
 
 from harmonaize.events import Failure
 from tenant_controllers import Controller, PermanentError, TemporaryError
@@ -32,7 +33,7 @@ async def test_temporary_error_retries_after_its_delay_then_the_outcome_is_recor
         bus.publish(failure())
         await eventually(lambda: runtime.stats.handled == 1, what="handled after two temporary errors")
     assert len(attempts) == 3
-    assert all(later - earlier >= 0.045 for earlier, later in zip(attempts, attempts[1:])), "delay= replaced backoff"
+    assert all(later - earlier >= 0.045 for earlier, later in pairwise(attempts)), "delay= replaced backoff"
     [record] = store.records()
     assert (record.status, record.outcome) == (Status.DONE, "ok")
     assert bus.consumer_state(ctl.consumer) == (1, 0)
@@ -74,7 +75,7 @@ async def test_other_exceptions_are_retried_with_backoff_up_to_retries_then_give
         bus.publish(failure())
         await eventually(lambda: runtime.stats.gave_up == 1, what="gave up after the retries")
     assert len(attempts) == 3, "one attempt plus retries=2"
-    gaps = [later - earlier for earlier, later in zip(attempts, attempts[1:])]
+    gaps = [later - earlier for earlier, later in pairwise(attempts)]
     assert gaps[0] >= 0.035 and gaps[1] >= 0.075, f"exponential backoff 0.04 s, 0.08 s: got {gaps}"
     assert store.records()[0].outcome == "RuntimeError: bug"
     assert bus.consumer_state(ctl.consumer) == (1, 0)
@@ -145,7 +146,9 @@ async def test_stop_lets_a_running_handler_finish_and_hands_queued_events_back(
     assert bus.consumer_state(ctl.consumer) == (1, 2)
 
 
-async def test_a_slow_handler_keeps_its_delivery_alive(bus: MemoryBroker, api: ProviderApi, store: HandledStore) -> None:
+async def test_a_slow_handler_keeps_its_delivery_alive(
+    bus: MemoryBroker, api: ProviderApi, store: HandledStore
+) -> None:
     """The ack wait is 0.3 s here; a 1 s handler must not see its event redelivered meanwhile."""
     ctl = Controller(job="llm-finetune")
     calls: list[int] = []

@@ -41,7 +41,8 @@ async def test_an_unavailable_provider_or_broker_is_retried_until_stopped(
     provider.fail_next(2, status=503, path_contains="/event-consumers")
     async with ProviderApi(base_url="http://provider", token=provider.token, transport=provider.transport,
                            attempts=1) as api:
-        source = NatsEventSource(servers="nats://127.0.0.1:9", seed="SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY",
+        source = NatsEventSource(servers="nats://127.0.0.1:9",
+                                 seed="SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY",
                                  api=api, connect_timeout=0.2)
         runtime = ControllerRuntime(guard(), source=source, api=api, store=store)
         stop = asyncio.Event()

@@ -42,12 +42,14 @@ async def test_the_events_a_reaction_caused_carry_the_trace_of_the_event_that_ca
     script.write_text(SCRIPT)
     origin = new_traceparent()
     event = failure()
-    traced = parse_event(event.to_json_bytes().replace(b'"specversion"', f'"traceparent":"{origin}","specversion"'.encode(), 1))
+    with_origin = f'"traceparent":"{origin}","specversion"'.encode()
+    traced = parse_event(event.to_json_bytes().replace(b'"specversion"', with_origin, 1))
     assert traced.traceparent == origin
     database = tmp_path / "hz" / "harmonaize.db"
     async with run_script(placed, script, tmp_path / "state"):
         await placed.publish(traced)
-        await eventually(lambda: len(_negotiation_events(database)) >= 2, timeout=15, what="offer and acceptance events")
+        await eventually(lambda: len(_negotiation_events(database)) >= 2, timeout=15,
+                         what="offer and acceptance events")
     caused = _negotiation_events(database)
     assert {payload["traceparent"].split("-")[1] for payload in caused} == {trace_id(origin)}  # type: ignore[union-attr]
     assert all(payload["traceparent"] != origin for payload in caused), "the controller's calls are a new span"

@@ -23,7 +23,9 @@ ADMIN = {"Authorization": "Bearer e2e-admin-token-0123456789"}
 
 
 @pytest.fixture
-async def api(tmp_path: Path, tenant_broker: NatsTenantBroker, provider_secret: bytes) -> AsyncIterator[httpx.AsyncClient]:
+async def api(
+    tmp_path: Path, tenant_broker: NatsTenantBroker, provider_secret: bytes
+) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings(
         _env_file=None,
         data_dir=tmp_path / "hz",

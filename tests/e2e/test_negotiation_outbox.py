@@ -156,7 +156,8 @@ class CrashAfterPublish(NatsProviderBus):
 async def test_decisions_taken_while_the_broker_is_down_are_delivered_once_by_the_next_relay(
     settings: Settings, tenant_broker: NatsTenantBroker, nats_server: NatsServer, provider_secret: bytes
 ) -> None:
-    first_bus = NatsProviderBus([nats_server.url], provider_secret=provider_secret, connect_timeout=0.5, ack_timeout=0.5)
+    first_bus = NatsProviderBus([nats_server.url], provider_secret=provider_secret, connect_timeout=0.5,
+                                ack_timeout=0.5)
     async with running(settings, tenant_broker, first_bus) as (app, client):
         _, headers = await demo_world(client)
         await eventually(lambda: app.state.relay.delivered == 1, what="the initial placement delivered")

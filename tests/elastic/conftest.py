@@ -18,7 +18,7 @@ CloudFactory = Callable[..., AbstractAsyncContextManager[ElasticCloud]]
 @pytest.fixture
 async def make_cloud(
     tmp_path: Path, nats_server: NatsServer, tenant_broker: NatsTenantBroker, provider_secret: bytes
-) -> AsyncIterator[Callable[..., "AsyncIterator[ElasticCloud]"]]:
+) -> AsyncIterator[Callable[..., AsyncIterator[ElasticCloud]]]:
     """`async with make_cloud(hosts=("h1", "h2"), scenario=path) as cloud:` (one per test)."""
     async with AsyncExitStack() as stack:
 
@@ -37,5 +37,5 @@ async def make_cloud(
 
 
 @pytest.fixture
-async def cloud(make_cloud: Callable[..., "AsyncIterator[ElasticCloud]"]) -> ElasticCloud:
+async def cloud(make_cloud: Callable[..., AsyncIterator[ElasticCloud]]) -> ElasticCloud:
     return await make_cloud()  # type: ignore[no-any-return, misc]

@@ -25,8 +25,8 @@ from api.migrate import upgrade_async
 from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
-from harmonaize_cli.local_cloud.launcher import serve_api
 from harmonaize.settings import Settings
+from harmonaize_cli.local_cloud.launcher import serve_api
 from provider_agents.markers import cloud_id, host_prefix
 from provider_agents.processes import marked_processes, signal_marked
 
@@ -142,7 +142,9 @@ class ElasticCloud:
         assert reply.status_code == 200, reply.text
         return list(reply.json())
 
-    async def running_at(self, job: str, *, world: int, epoch_at_least: int = 0, steps_after: int = 0) -> dict[str, Any]:
+    async def running_at(
+        self, job: str, *, world: int, epoch_at_least: int = 0, steps_after: int = 0
+    ) -> dict[str, Any]:
         """Progress once the job runs at `world` workers in an epoch >= `epoch_at_least`, `steps_after` steps past its
         resume point."""
 

@@ -73,7 +73,8 @@ async def test_a_directive_the_job_cannot_apply_is_refused_and_the_tenant_sees_w
         return next((d for d in listed if d["version"] == version and d["state"] == "refused"), None)
 
     record = await wait_for(refused, timeout=60, what="the job's refusal of fp16 under FSDP")
-    assert record["refusals"] and any("fsdp" in reason.lower() or "ddp" in reason.lower() for reason in record["refusals"])
+    assert record["refusals"] and any("fsdp" in reason.lower() or "ddp" in reason.lower()
+                                      for reason in record["refusals"])
     out_of_range = await cloud.admin.put(
         "/v1/provider/jobs/acme/train/directives", json={"compression": "powersgd", "powersgd_rank": 64}
     )

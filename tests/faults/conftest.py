@@ -7,7 +7,6 @@ make the next one flaky; each test runs in its own working directory.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 
@@ -16,6 +15,7 @@ import pytest
 from sqlalchemy.engine import URL, make_url
 
 from tests.api.conftest import DEFAULT_POSTGRES_URL, PostgresServer
+
 # The same hygiene (autouse) and the same real broker + API + tenant acme as the controllers tier.
 from tests.controllers.conftest import _no_tasks_left_behind, _private_cwd, cloud  # noqa: F401
 
@@ -26,7 +26,7 @@ async def postgres_url() -> AsyncIterator[URL]:
     server = PostgresServer(make_url(os.environ.get("HZ_TEST_POSTGRES_URL") or DEFAULT_POSTGRES_URL))
     try:
         await server.probe()
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         message = f"PostgreSQL is unreachable ({type(exc).__name__}: {exc}); set HZ_TEST_POSTGRES_URL"
         if os.environ.get("CI"):
             pytest.fail(f"{message}. CI must provide PostgreSQL.")

@@ -219,13 +219,15 @@ class Process:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as stuck:
             self.proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER=1: its threads' stacks go to the log
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.kill()
-            raise AssertionError(f"{self.name} did not stop within {timeout:.0f} s of SIGTERM:\n{self.tail()}")
+            raise AssertionError(
+                f"{self.name} did not stop within {timeout:.0f} s of SIGTERM:\n{self.tail()}"
+            ) from stuck
 
     def tail(self, chars: int = 3000) -> str:
         try:
@@ -252,7 +254,7 @@ async def stored_event_ids(provider: Client, stream: str, *, timeout: float = 30
     while True:
         try:
             return await _read_ids(js, stream)
-        except (nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error):
             if time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(0.5)

@@ -100,7 +100,7 @@ async def negotiation_events(broker: NatsTenantBroker) -> list[Any]:
         while True:
             try:
                 batch = await sub.fetch(max(total, 1), timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):  # nats-py 2.16 raises either
+            except (TimeoutError, nats.errors.TimeoutError):  # nats-py 2.16 raises either
                 break
             events += [parse_event_as(m.data, NegotiationUpdate) for m in batch]
         await sub.unsubscribe()

@@ -28,7 +28,14 @@ from harmonaize.event_loop import resolve_event_loop
 from tests.controllers.live_cloud import LiveCloud
 from tests.faults.scripts.agent_publisher import event_id
 from tests.faults.support import (
-    SCRIPTS, BrokerBouncer, Process, clean_env, duplicates, python, scaled, stored_event_ids,
+    SCRIPTS,
+    BrokerBouncer,
+    Process,
+    clean_env,
+    duplicates,
+    python,
+    scaled,
+    stored_event_ids,
 )
 from tests.support import eventually
 
