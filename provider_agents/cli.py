@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -67,14 +67,14 @@ def _region(value: str | None) -> str | None:
 def agent(
     host_id: Annotated[str, typer.Option("--host-id", help="This host's provider-internal id.")],
     locality_group: Annotated[
-        Optional[str], typer.Option(help="Locality group (default: the scenario's, else 'default').")
+        str | None, typer.Option(help="Locality group (default: the scenario's, else 'default').")
     ] = None,
     gpus: Annotated[
-        Optional[int], typer.Option(help="Simulated GPUs (default: the scenario's, else 8).", min=0, max=64)
+        int | None, typer.Option(help="Simulated GPUs (default: the scenario's, else 8).", min=0, max=64)
     ] = None,
-    region: Annotated[Optional[str], typer.Option(help="Grid zone for carbon (default US-CAL-CISO).")] = None,
-    scenario: Annotated[Optional[Path], typer.Option(help="Scenario YAML for the simulated host.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Simulator seed (default: the scenario's, else 0).")] = None,
+    region: Annotated[str | None, typer.Option(help="Grid zone for carbon (default US-CAL-CISO).")] = None,
+    scenario: Annotated[Path | None, typer.Option(help="Scenario YAML for the simulated host.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Simulator seed (default: the scenario's, else 0).")] = None,
     source: Annotated[SourceKind, typer.Option(help="Telemetry source.")] = SourceKind.AUTO,
     tick: Annotated[float, typer.Option(help="Seconds between telemetry samples.", min=0.01)] = 1.0,
     carbon_every: Annotated[
@@ -84,16 +84,16 @@ def agent(
         bool, typer.Option(help="Run the node launcher (needs HZ_ADMIN_TOKEN and HZ_API_URL to relay progress).")
     ] = True,
     work_dir: Annotated[
-        Optional[Path], typer.Option(help="Node state and job control files (default: <HZ_DATA_DIR>/hosts/<host>).")
+        Path | None, typer.Option(help="Node state and job control files (default: <HZ_DATA_DIR>/hosts/<host>).")
     ] = None,
     checkpoint_root: Annotated[
-        Optional[Path], typer.Option(help="Shared checkpoint storage (default: <HZ_DATA_DIR>/checkpoints).")
+        Path | None, typer.Option(help="Shared checkpoint storage (default: <HZ_DATA_DIR>/checkpoints).")
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds a node gets to checkpoint after SIGTERM.", min=0)] = 30.0,
     stop_nodes_on_exit: Annotated[
         bool, typer.Option(help="Stop this host's nodes when the agent exits (off: a restarted agent adopts them).")
     ] = True,
-    nats_url: Annotated[Optional[str], typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
+    nats_url: Annotated[str | None, typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run the host agent: per-tenant events, raw telemetry, heartbeats, and this host's torchrun nodes."""
@@ -127,15 +127,15 @@ def agent(
 
 @app.command("fleet-monitor")
 def fleet_monitor(
-    nats_url: Annotated[Optional[str], typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
+    nats_url: Annotated[str | None, typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
     check_interval: Annotated[
-        Optional[float], typer.Option(help="Seconds between liveness checks (default: a quarter heartbeat).", min=0.01)
+        float | None, typer.Option(help="Seconds between liveness checks (default: a quarter heartbeat).", min=0.01)
     ] = None,
     rendezvous_bind: Annotated[
         str, typer.Option(help="Address the jobs' rendezvous stores listen on (0.0.0.0: nodes on other machines).")
     ] = "127.0.0.1",
     rendezvous_advertise: Annotated[
-        Optional[str], typer.Option(help="Host name nodes reach the stores by (default: the bind address).")
+        str | None, typer.Option(help="Host name nodes reach the stores by (default: the bind address).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:

@@ -79,4 +79,7 @@ class ControlPlane:
 
     async def propose_directives(self, tenant: str, job: str, proposal: dict[str, Any]) -> dict[str, Any] | None:
         """The issued directive record, or None when the proposal changed nothing; ControlPlaneRefusal if refused."""
-        return await self._call("PUT", f"/v1/provider/jobs/{tenant}/{job}/directives", json=proposal)
+        record: dict[str, Any] | None = await self._call(
+            "PUT", f"/v1/provider/jobs/{tenant}/{job}/directives", json=proposal
+        )
+        return record

@@ -50,6 +50,16 @@ _HOST_KEYS = "host.*"
 _HOST_PREFIX = host_key("x")[:-1]
 
 
+class _Watcher(Protocol):
+    """What we use of nats-py's `KeyValue.KeyWatcher`, typed (nats-py leaves these methods unannotated)."""
+
+    async def updates(self, timeout: float = ...) -> KeyValue.Entry | None:
+        """The next update; None marks the end of the initial replay. Raises `nats.errors.TimeoutError`."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
 class DesiredState(Protocol):
     def snapshot(self) -> Mapping[str, HostAssignment] | None:
         """Every host's assignment by host id, or None while the desired state has not been loaded yet."""
@@ -132,7 +142,7 @@ class FleetView:
         if self._kv is None:
             assert self._bind is not None
             self._kv = await self._bind()
-        watcher = await self._kv.watch(_HOST_KEYS)
+        watcher: _Watcher = await self._kv.watch(_HOST_KEYS)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._resync_s
         fresh: dict[str, HostAssignment] = {}

@@ -5,13 +5,14 @@ through negotiation; the provider's micro loop decides fast, alone, and only wit
 This loop reads every host's raw telemetry (provider-internal), maps it to the jobs placed there, and for each job
 proposes the settings it should run with now:
 
-| observed on the job's hosts                        | directive                                                   |
-|----------------------------------------------------|-------------------------------------------------------------|
-| a new predicted failure or maintenance notice      | checkpoint now, once per episode                            |
-| any predicted failure or maintenance still pending | checkpoint every `checkpoint_interval_steps.min` steps      |
-| congestion on the job's paths, slowdown >= 1.2     | fp16 compression (PowerSGD at the tenant's max rank if fp16 is not allowed) |
-| slowdown >= 2                                      | PowerSGD at a quarter of the max rank (stronger), else fp16 |
-| none of that                                       | the job's own settings (every field None)                   |
+| observed on the job's hosts                        | directive                                                    |
+|----------------------------------------------------|--------------------------------------------------------------|
+| a new predicted failure or maintenance notice      | checkpoint now, once per episode                             |
+| any predicted failure or maintenance still pending | checkpoint every `checkpoint_interval_steps.min` steps       |
+| congestion on the job's paths, slowdown >= 1.2     | fp16 compression (if fp16 is not allowed: PowerSGD at the    |
+|                                                    | tenant's max rank)                                           |
+| slowdown >= 2                                      | PowerSGD at a quarter of the max rank (stronger), else fp16  |
+| none of that                                       | the job's own settings (every field None)                    |
 
 Compression exists only as DDP communication hooks, so it is proposed only to a job whose desired plan is DDP: a job
 repartitioned to FSDP or HSDP (the tenant's answer to the same congestion) would have to refuse it.
@@ -77,9 +78,15 @@ class Proposal:
         return {**asdict(self), "compression": None if self.compression is None else self.compression.value}
 
 
-def job_signals(job: AssignedJob, fleet: Mapping[str, HostAssignment], telemetry: Mapping[str, HostTelemetry]) -> JobSignals:
+def job_signals(
+    job: AssignedJob, fleet: Mapping[str, HostAssignment], telemetry: Mapping[str, HostTelemetry]
+) -> JobSignals:
     """What the telemetry of the job's hosts says about the job."""
-    hosts = [host for host, assignment in fleet.items() if any(j.tenant == job.tenant and j.job == job.job for j in assignment.jobs)]
+    hosts = [
+        host
+        for host, assignment in fleet.items()
+        if any(j.tenant == job.tenant and j.job == job.job for j in assignment.jobs)
+    ]
     hosts_per_group = Counter(fleet[host].locality_group for host in hosts)
     risks: set[str] = set()
     slowdown = 1.0
@@ -89,7 +96,8 @@ def job_signals(job: AssignedJob, fleet: Mapping[str, HostAssignment], telemetry
             continue
         for failure in sample.failures:
             if failure.kind is RawFailureKind.PREDICTED_FAILURE:
-                risks.add(f"predicted:{host}:{failure.component or failure.gpu_index}:{failure.detected_at.isoformat()}")
+                component = failure.component or failure.gpu_index
+                risks.add(f"predicted:{host}:{component}:{failure.detected_at.isoformat()}")
         for notice in sample.maintenance:
             if notice.status in (MaintenanceStatus.SCHEDULED, MaintenanceStatus.STARTED):
                 risks.add(f"maintenance:{host}:{notice.notice_id}")
@@ -174,7 +182,9 @@ class MicroLoop:
             return []
         now = self._clock.monotonic()
         fresh = {host: sample for host, (seen, sample) in self._telemetry.items() if now - seen <= STALE_TELEMETRY_S}
-        jobs = {(job.tenant, job.job): job for assignment in fleet.values() for job in assignment.jobs if job.entrypoint}
+        jobs = {
+            (job.tenant, job.job): job for assignment in fleet.values() for job in assignment.jobs if job.entrypoint
+        }
         sent = []
         for key, job in sorted(jobs.items()):
             signals = job_signals(job, fleet, fresh)

@@ -65,8 +65,8 @@ from harmonaize.node_failures import NodeFailureReason, NodeFailureReport
 from harmonaize.pseudonyms import locality_pseudonym
 from provider_agents.hang_detector import HangBounds, HangDetector
 from provider_agents.markers import host_prefix, node_marker
-from provider_agents.processes import alive, marked_processes, signal_marked
 from provider_agents.node_watch import clear_liveness, read_liveness
+from provider_agents.processes import alive, marked_processes, signal_marked
 from provider_agents.warm_torchrun import WarmTorchrun, node_env
 
 __all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF"]
@@ -74,10 +74,12 @@ __all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF"]
 log = logging.getLogger(__name__)
 
 RDZV_CONF = "is_host=0,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=120"
-"""Nodes are clients of the provider's store; short timeouts, but never fewer than 3 keep-alive attempts (split brain)."""
+"""Nodes are clients of the provider's store; short timeouts, but never fewer than 3 keep-alive attempts (split
+brain)."""
 
 EndpointLookup = Callable[[str, str], Awaitable[str | None]]
-ProgressSink = Callable[[JobProgress], Awaitable[None]]
+ProgressSink = Callable[[JobProgress], Awaitable[object]]
+"""Relays a node's progress; whatever it returns is ignored."""
 FailureSink = Callable[[NodeFailureReport], Awaitable[None]]
 """Takes a node failure to the control plane; raises to have it retried on the next `watch` pass."""
 
@@ -250,13 +252,13 @@ class NodeLauncher:
                 entrypoint=tuple(job.entrypoint),
                 endpoint=endpoint,
             )
-            node = self._nodes.get(key)
-            if node is None:
+            existing = self._nodes.get(key)
+            if existing is None:
                 self._spawn(key, self._start(spec, job, group))
-            elif node.spec != spec:
-                self._spawn(key, self._replace(node, spec, job, group))
-            elif not node.running() and not node.settled:
-                self._spawn(key, self._after_exit(node, job, group))
+            elif existing.spec != spec:
+                self._spawn(key, self._replace(existing, spec, job, group))
+            elif not existing.running() and not existing.settled:
+                self._spawn(key, self._after_exit(existing, job, group))
 
     def _spawn(self, key: tuple[str, str], work: Awaitable[None]) -> None:
         async def run() -> None:

@@ -3,9 +3,9 @@
 torchrun starts its workers in their own sessions with no parent-death signal, so killing a torchrun agent orphans
 its workers: they keep training and block every re-rendezvous (docs/building-blocks.md, torchrun trap 3). A node is
 therefore identified not by a process tree but by a marker in its environment (`ENV_NODE_MARKER`), which every worker
-inherits; stopping a node means signalling every process that carries its marker. Markers begin with their cloud's id (`markers`), so a
-signal by marker or host prefix never reaches another cloud's processes. Linux `/proc` only (the provider's hosts
-are Linux).
+inherits; stopping a node means signalling every process that carries its marker. Markers begin with their cloud's
+id (`markers`), so a signal by marker or host prefix never reaches another cloud's processes. Linux `/proc` only (the
+provider's hosts are Linux).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Tenant events matter (a lost `failure` means a job hangs on a rendezvous timeout), so each one is published with
 `js.publish` and retried, with capped exponential backoff, until its PubAck arrives. A core-NATS publish during a
-reconnect can be silently lost (docs/building-blocks.md); a JetStream publish without an ack is simply retried. Each attempt carries
-`Nats-Msg-Id` = the CloudEvent id, so an attempt that was stored but whose ack was lost is not stored twice (within
-the stream's duplicate window; consumers also dedup by id, since delivery is at-least-once).
+reconnect can be silently lost (docs/building-blocks.md); a JetStream publish without an ack is simply retried.
+Each attempt carries `Nats-Msg-Id` = the CloudEvent id, so an attempt that was stored but whose ack was lost is not
+stored twice (within the stream's duplicate window; consumers also dedup by id, since delivery is at-least-once).
 
 An event that carries a W3C `traceparent` (a CloudEvents extension; `tracestate` with it) is published with the
 same values as NATS headers too, so a trace that starts at the agent reaches the tenant's controller without the

@@ -58,7 +58,8 @@ async def lookup_endpoint(kv: KeyValue, tenant: str, job: str) -> str | None:
 
 
 def _start_store(bind_host: str) -> Any:
-    from torch.distributed import TCPStore  # torch only where stores are hosted
+    # torch only where stores are hosted. torch re-exports TCPStore from torch._C without listing it as an export.
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     return TCPStore(bind_host, 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
 

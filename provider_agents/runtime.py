@@ -10,17 +10,18 @@ itself, so heartbeats start as soon as the connection is up, even while JetStrea
 from __future__ import annotations
 
 import asyncio
-import logging
 import json
+import logging
 import signal
-from datetime import UTC, datetime
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from broker_config.keys import ProviderKeys
@@ -31,15 +32,15 @@ from harmonaize.node_failures import NodeFailureReport
 from harmonaize.settings import Settings
 from provider_agents.agent import Agent, AgentConfig
 from provider_agents.changes import DEFAULT_CARBON_EVERY
-from provider_agents.desired import FleetView, ensure_desired_state_bucket
 from provider_agents.control_plane import ControlPlane, ControlPlaneRefusal
+from provider_agents.desired import FleetView, ensure_desired_state_bucket
 from provider_agents.fleet_monitor import FleetMonitor
-from provider_agents.micro_loop import MicroLoop
 from provider_agents.markers import cloud_id
+from provider_agents.micro_loop import MicroLoop
 from provider_agents.node_launcher import FailureSink, LauncherConfig, NodeLauncher
 from provider_agents.node_watch import WATCH_INTERVAL_S
-from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
 from provider_agents.publisher import CoreSink, JetStreamPublisher
+from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
 from provider_agents.telemetry.detect import SourceKind, detect_source
 from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT, ScenarioInjection, load_scenario
 
@@ -267,12 +268,12 @@ async def _accept_injections(nc: Client, source: object, host: str) -> None:
 def _launcher(
     settings: Settings, options: AgentOptions, nc: Client, secret: bytes, control: ControlPlane
 ) -> NodeLauncher:
-    rendezvous: list[object] = []
+    rendezvous: list[KeyValue] = []
 
     async def endpoint(tenant: str, job: str) -> str | None:
         if not rendezvous:
             rendezvous.append(await ensure_rendezvous_bucket(nc.jetstream()))
-        return await lookup_endpoint(rendezvous[0], tenant, job)  # type: ignore[arg-type]
+        return await lookup_endpoint(rendezvous[0], tenant, job)
 
     config = LauncherConfig(
         host=options.host,
@@ -304,7 +305,9 @@ def _failure_sink(control: ControlPlane) -> FailureSink:
     return report
 
 
-def _launcher_loops(launcher: NodeLauncher, fleet: FleetView, host: str, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+def _launcher_loops(
+    launcher: NodeLauncher, fleet: FleetView, host: str, stop: asyncio.Event
+) -> list[asyncio.Task[None]]:
     def assignment() -> HostAssignment | None:
         if not fleet.loaded:
             return None

@@ -63,7 +63,8 @@ class WarmTorchrun:
 
     @property
     def ready(self) -> bool:
-        return self.process.returncode is None and self.process.stdin is not None and not self.process.stdin.is_closing()
+        stdin = self.process.stdin
+        return self.process.returncode is None and stdin is not None and not stdin.is_closing()
 
     async def take(self, args: list[str], *, env: Mapping[str, str], log: Path) -> asyncio.subprocess.Process:
         """Hand the node's arguments over; the process is the node's torchrun agent from now on."""

@@ -130,7 +130,11 @@ class ProviderApi:
         idempotency_key: str | None = None,
     ) -> Negotiation:
         """`POST /v1/negotiations`; every resend carries the same `Idempotency-Key`."""
-        body = {"job": validate_id("job", job), "kind": str(kind), "terms": terms.model_dump(mode="json", exclude_none=True)}
+        body = {
+            "job": validate_id("job", job),
+            "kind": str(kind),
+            "terms": terms.model_dump(mode="json", exclude_none=True),
+        }
         key = idempotency_key or new_idempotency_key("POST /v1/negotiations", body)
         reply = await self._request("POST", "/v1/negotiations", json=body, headers={IDEMPOTENCY_HEADER: key})
         return Negotiation.model_validate(reply.json())
@@ -249,7 +253,7 @@ class ProviderApi:
     def _backoff(self, attempt: int, error: ApiUnavailableError) -> float:
         if error.delay is not None:
             return min(error.delay, 5.0)
-        return self._retry_delay * (2 ** (attempt - 1))
+        return self._retry_delay * (2.0 ** (attempt - 1))
 
 
 def _path_token(value: str) -> str:

@@ -7,7 +7,7 @@ without importing the SDK until the command runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,21 +17,26 @@ app = typer.Typer(help="Tenant controllers: react to your jobs' events and negot
 
 @app.callback()
 def _group() -> None:
-    """Tenant controllers (credentials from HZ_TENANT, HZ_TENANT_TOKEN, HZ_TENANT_NATS_SEED, HZ_NATS_URL, HZ_API_URL)."""
+    """Tenant controllers.
+
+    Credentials come from HZ_TENANT, HZ_TENANT_TOKEN, HZ_TENANT_NATS_SEED, HZ_NATS_URL and HZ_API_URL.
+    """
 
 
 @app.command()
 def run(
     script: Annotated[Path, typer.Argument(help="A Python file that defines one or more Controller objects.")],
     state_dir: Annotated[
-        Optional[Path], typer.Option(help="Where handled-event records live (default: <HZ_DATA_DIR>/controllers).")
+        Path | None, typer.Option(help="Where handled-event records live (default: <HZ_DATA_DIR>/controllers).")
     ] = None,
     resync_interval: Annotated[
         float, typer.Option(help="Seconds between resyncs of each job (0 disables periodic resync).", min=0)
     ] = 60.0,
     ack_wait: Annotated[
         float,
-        typer.Option(help="Seconds before an event we did not ack is redelivered (e.g. after a crash).", min=1, max=600),
+        typer.Option(
+            help="Seconds before an event we did not ack is redelivered (e.g. after a crash).", min=1, max=600
+        ),
     ] = 30.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:

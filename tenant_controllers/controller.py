@@ -119,7 +119,7 @@ class Controller:
         policy = RetryPolicy(retries=retries, backoff=backoff)
 
         def register(fn: F) -> F:
-            handler_id = self._unique_id(id or getattr(fn, "__qualname__", repr(fn)))
+            handler_id = self._unique_id(id or _default_id(fn))
             binder = Binder(fn, allowed=EVENT_ARGUMENTS, payload_types=tuple(models))
             self._handlers.append(
                 EventHandler(
@@ -136,7 +136,7 @@ class Controller:
 
     @overload
     def on_resync(
-        self, *, retries: int = DEFAULT_RETRIES, backoff: float = DEFAULT_BACKOFF, id: str | None = None
+        self, /, *, retries: int = DEFAULT_RETRIES, backoff: float = DEFAULT_BACKOFF, id: str | None = None
     ) -> Callable[[F], F]: ...
 
     def on_resync(
@@ -156,7 +156,7 @@ class Controller:
         policy = RetryPolicy(retries=retries, backoff=backoff)
 
         def register(f: F) -> F:
-            handler_id = self._unique_id(id or getattr(f, "__qualname__", repr(f)))
+            handler_id = self._unique_id(id or _default_id(f))
             self._resync.append(
                 ResyncHandler(id=handler_id, fn=f, policy=policy, binder=Binder(f, allowed=RESYNC_ARGUMENTS))
             )
@@ -187,3 +187,9 @@ class Controller:
         if handler_id in taken:
             raise ValueError(f"two handlers with id {handler_id!r}: give one of them id=...")
         return handler_id
+
+
+def _default_id(fn: Callable[..., Any]) -> str:
+    """A handler's id when none is given: its qualified name (any callable works, so fall back to its repr)."""
+    name: str = getattr(fn, "__qualname__", repr(fn))
+    return name

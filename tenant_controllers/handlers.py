@@ -14,7 +14,7 @@ import inspect
 import logging
 import types
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,13 +56,15 @@ class RetryPolicy:
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based)."""
-        return min(self.backoff * (2 ** (retry - 1)), MAX_BACKOFF)
+        return min(self.backoff * (2.0 ** (retry - 1)), MAX_BACKOFF)
 
 
 class Binder:
     """Builds a handler's arguments from what is available for one call."""
 
-    def __init__(self, fn: Callable[..., Any], *, allowed: frozenset[str], payload_types: tuple[type, ...] = ()) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], *, allowed: frozenset[str], payload_types: tuple[type, ...] = ()
+    ) -> None:
         self._plan: list[tuple[str, str, bool]] = []  # (parameter, what, keyword-only)
         self._var_keyword = False
         name = getattr(fn, "__qualname__", repr(fn))
@@ -133,7 +135,7 @@ async def call_handler(fn: Callable[..., Any], args: list[Any], kwargs: dict[str
         return await fn(*args, **kwargs)
     result = await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
     if inspect.isawaitable(result):
-        return await typing.cast(Awaitable[Any], result)
+        return await result
     return result
 
 

@@ -12,9 +12,9 @@ runtime's `job_stale_limit` (a minute: the job was quiet that long), or none at 
 read (its own, or one already under way that is recent enough and postdates our last change), since every event
 queued behind that handler waits for the read too (10-15 ms against the real API). Only handlers that take the job (a
 `job` parameter, or `**kwargs`) cause reads: a handler that keeps a `Job` some other way (a closure over one a resync
-handler was given) sees whatever that copy last was. Reading before *every* event made one REST round trip the ceiling of
-a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round trip
-(both in bench/bench_events.py). A background read is applied at the next `ensure_fresh` (before a handler), never
+handler was given) sees whatever that copy last was. Reading before *every* event made one REST round trip the ceiling
+of a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round
+trip (both in bench/bench_events.py). A background read is applied at the next `ensure_fresh` (before a handler), never
 while a handler runs, so one handler sees one view; a read that started before our own negotiation (or an answer to
 one of its offers) is discarded, so no handler sees the job as it was before that. Without resyncs, the runtime
 starts the first read as it starts (`prefetch`; with them, the first resync reads the job before any event), so the

@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from harmonaize.events import CloudEvent
 from harmonaize.subjects import InvalidSubjectError, parse_tenant_event_subject, tenant_event_subject
@@ -77,7 +78,7 @@ class MemoryBroker:
     def stored(self) -> int:
         return len(self._messages)
 
-    def publish(self, event: CloudEvent, *, msg_id: str | None = None) -> None:
+    def publish(self, event: CloudEvent[Any], *, msg_id: str | None = None) -> None:
         """Store `event` on its subject, as a provider's `js.publish` with `Nats-Msg-Id` would (faults applied)."""
         kind = event.data.KIND
         subject = tenant_event_subject(self.tenant, kind, event.subject)

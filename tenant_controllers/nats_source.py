@@ -5,11 +5,11 @@ broker_config/render.py), so `open` asks the control plane (`PUT /v1/event-consu
 and then pulls from it through the JetStream API the tenant account imports under `js_api_prefix`, with a continuous
 pull (`PullStream`: demand always outstanding) rather than nats-py's request-per-batch `fetch`.
 
-Traps handled here (docs/building-blocks.md): the broker reports permission problems only through `error_cb`, so errors are logged,
-never silently dropped; acks are plain publishes to `$JS.ACK...` (allowed for tenant users), so an ack can be lost and
-the event redelivered, which the runtime's de-duplication absorbs; the connection reconnects forever, a reconnect
-re-issues the pull requests (the old ones died with the connection), and `fetch` turns every transient broker
-failure into "nothing arrived yet" so the pull loop keeps going across broker restarts.
+Traps handled here (docs/building-blocks.md): the broker reports permission problems only through `error_cb`, so
+errors are logged, never silently dropped; acks are plain publishes to `$JS.ACK...` (allowed for tenant users), so an
+ack can be lost and the event redelivered, which the runtime's de-duplication absorbs; the connection reconnects
+forever, a reconnect re-issues the pull requests (the old ones died with the connection), and `fetch` turns every
+transient broker failure into "nothing arrived yet" so the pull loop keeps going across broker restarts.
 """
 
 from __future__ import annotations
@@ -148,10 +148,11 @@ class NatsEventSource:
                 reconnected_cb=on_reconnect,
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=self._reconnect_wait,
-                connect_timeout=self._connect_timeout,
+                # nats-py annotates these seconds as int but uses them as float (asyncio.sleep, wait_for).
+                reconnect_time_wait=self._reconnect_wait,  # type: ignore[arg-type]
+                connect_timeout=self._connect_timeout,  # type: ignore[arg-type]
             )
-        except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
             raise TemporaryError(f"cannot connect to the broker at {', '.join(self._servers)}: {exc!r}") from exc
         except asyncio.CancelledError:  # stopped before the broker came up: leave no client tasks behind
             await client.close()
@@ -178,6 +179,6 @@ class NatsEventSource:
         # so it always sits out its full timeout. A flush gets the last acks to the server; close() sends the rest.
         try:
             await nc.flush(timeout=1)
-        except (nats.errors.Error, OSError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error, OSError):
             pass
         await nc.close()

@@ -162,7 +162,9 @@ async def run_controllers(
                 controller.tenant = credentials.tenant
             store = HandledStore(state_dir / f"{credentials.tenant}-{controller.consumer}.sqlite3")
             stores.append(store)
-            source = NatsEventSource(servers=credentials.nats_url, seed=credentials.nats_seed, api=api, ack_wait=ack_wait)
+            source = NatsEventSource(
+                servers=credentials.nats_url, seed=credentials.nats_seed, api=api, ack_wait=ack_wait
+            )
             runtimes.append(
                 ControllerRuntime(
                     controller, source=source, api=api, store=store, resync_interval=resync_interval,

@@ -207,7 +207,9 @@ class ControllerRuntime:
             except PermanentError:
                 raise
             except Exception as exc:
-                self._log.warning("cannot open consumer %s yet (%s); retrying in %.1f s", subscription.consumer, exc, delay)
+                self._log.warning(
+                    "cannot open consumer %s yet (%s); retrying in %.1f s", subscription.consumer, exc, delay
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)
             delay = min(delay * 2, 5.0)

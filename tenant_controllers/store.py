@@ -320,7 +320,9 @@ class HandledStore:
 
     # -- newest observations -----------------------------------------------------------------------------------------
 
-    def observe(self, controller: str, job: str, event_type: str, *, time_: datetime, event_id: str, event: str) -> bool:
+    def observe(
+        self, controller: str, job: str, event_type: str, *, time_: datetime, event_id: str, event: str
+    ) -> bool:
         """Keep `event` if it is the newest of its type for the job; True when it is (ties: the first one seen).
 
         The comparison uses what this store has kept (in memory, loaded from the file once per controller): this

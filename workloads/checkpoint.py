@@ -118,7 +118,8 @@ def prune(root: Path, *, keep: int) -> list[Path]:
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """The `trainer.json` of the checkpoint at `path`."""
-    return json.loads((path / TRAINER_FILE).read_text(encoding="utf-8"))
+    state: dict[str, Any] = json.loads((path / TRAINER_FILE).read_text(encoding="utf-8"))
+    return state
 
 
 def write_trainer_state(path: Path, state: dict[str, Any]) -> None:
@@ -177,7 +178,7 @@ class CheckpointIO:
         rank has finished; rank 0 renames partial -> final and prunes old checkpoints.
         """
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         final = self.root / checkpoint_name(step)
         partial = final.with_name(final.name + PARTIAL_SUFFIX)
@@ -186,7 +187,7 @@ class CheckpointIO:
             shutil.rmtree(partial, ignore_errors=True)
         dist.barrier()
         self._crash_hook(step, "before-write")
-        dcp.save(app_state, checkpoint_id=partial)
+        dcp_save(app_state, checkpoint_id=partial)
         if self.rank == 0:
             write_trainer_state(partial, trainer_state)
         self._crash_hook(step, "before-commit")
@@ -218,9 +219,9 @@ class CheckpointIO:
 
     def load(self, info: CheckpointInfo, app_state: dict[str, Any]) -> None:
         """Load the checkpoint into `app_state` in place, resharded to this run's world size and plan."""
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-        dcp.load(app_state, checkpoint_id=info.path)
+        dcp_load(app_state, checkpoint_id=info.path)
 
     def clean_partials(self) -> None:
         """Rank 0 removes leftovers of crashed saves (called at start, before any save of this run)."""

@@ -22,8 +22,11 @@ from workloads.plans import ParallelSetup
 __all__ = ["dump_mesh", "dump_model"]
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Collective: the unsharded model state on CPU at rank 0 (an empty dict elsewhere), keyed by plain FQNs."""
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """Collective: the unsharded model state on CPU at rank 0 (an empty dict elsewhere), keyed by plain FQNs.
+
+    Values are tensors, except what a module's `get_extra_state` adds, which can be any object.
+    """
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 

@@ -90,7 +90,7 @@ class LivenessBeacon:
             return
         self.beats += 1
         record = NodeLiveness(
-            **self._identity,  # type: ignore[arg-type]
+            **self._identity,
             beats=self.beats,
             step=self.step,
             phase=self.phase,

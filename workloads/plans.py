@@ -13,12 +13,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from harmonaize.jobs import ParallelPlan
+
+if TYPE_CHECKING:  # imported at run time only where a mesh is built
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["MESH_DIMS", "MeshArrangement", "ParallelSetup", "arrange_mesh", "plan_parallelism", "shard_model"]
 
@@ -62,7 +66,7 @@ class ParallelSetup:
     groups_by_rank: tuple[str, ...] = ()
     mesh_rows: tuple[tuple[int, ...], ...] | None = None
     fallback_reason: str = ""
-    mesh: object | None = field(default=None, repr=False)
+    mesh: DeviceMesh | None = field(default=None, repr=False)
     shard_group_ranks: tuple[int, ...] = ()
 
     def describe(self) -> str:

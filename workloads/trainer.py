@@ -337,7 +337,7 @@ class TrainingRun:
             )
             with self._gradient_sync(micro == settings.gradient_accumulation - 1):
                 loss = loss_fn(self._model, batch)
-                (loss / settings.gradient_accumulation).backward()
+                (loss / settings.gradient_accumulation).backward()  # type: ignore[no-untyped-call]  # unannotated in torch
             total += float(loss.detach())
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)

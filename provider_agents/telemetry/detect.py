@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from enum import StrEnum
 from types import ModuleType
-from typing import Callable
 
 from provider_agents.clock import Clock
 from provider_agents.telemetry.carbon import curve_from_spec

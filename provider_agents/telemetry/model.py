@@ -14,6 +14,7 @@ tick: a source that produces nonsense fails when it builds the snapshot, not whe
 from __future__ import annotations
 
 from enum import StrEnum
+from itertools import pairwise
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -156,7 +157,7 @@ class CarbonReading(_Raw):
 
     @model_validator(mode="after")
     def _forecast_ordered(self) -> Self:
-        for earlier, later in zip(self.forecast, self.forecast[1:]):
+        for earlier, later in pairwise(self.forecast):
             if later.at <= earlier.at:
                 raise ValueError("forecast must be strictly ordered in time")
         return self

@@ -15,9 +15,10 @@ A failure's `detected_at` is when this process first saw it, so the source keeps
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from provider_agents.clock import Clock, SystemClock
 from provider_agents.telemetry.carbon import CarbonCurve, curve_from_spec
@@ -139,9 +140,10 @@ class NvmlHost:
         pending = self._call(getattr(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", _unsupported), handle)
         if pending:
             problems.append((RawFailureKind.DEGRADED, "ecc_retired_pages"))
-        reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", _unsupported
-        )
+        event_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        # older NVML: the same reasons under the earlier name
+        throttle_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", _unsupported)
+        reasons_fn = event_reasons if event_reasons is not None else throttle_reasons
         reasons = int(self._call(reasons_fn, handle, default=0) or 0)
         if reasons & (_HW_SLOWDOWN | _HW_THERMAL_SLOWDOWN):
             problems.append((RawFailureKind.DEGRADED, "thermal"))

@@ -33,6 +33,7 @@ the file without reading this code. Example (every section is optional):
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -195,7 +196,7 @@ class CarbonSpec(_Spec):
             raise ValueError("give either trace or points, not both")
         if self.points is not None:
             times = [point.at for point in self.points]
-            if any(later <= earlier for earlier, later in zip(times, times[1:])):
+            if any(later <= earlier for earlier, later in pairwise(times)):
                 raise ValueError("points: times must be strictly increasing")
         return self
 

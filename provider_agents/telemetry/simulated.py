@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timedelta
 
+from harmonaize.events import MaintenanceStatus
 from provider_agents.clock import Clock, SystemClock
 from provider_agents.telemetry.carbon import curve_from_spec
 from provider_agents.telemetry.model import (
@@ -27,7 +28,6 @@ from provider_agents.telemetry.model import (
     RawFailureKind,
 )
 from provider_agents.telemetry.scenario import DEFAULT_REGION, Scenario
-from harmonaize.events import MaintenanceStatus
 
 __all__ = ["DEFAULT_GPUS", "DEFAULT_LOCALITY_GROUP", "SimulatedHost"]
 

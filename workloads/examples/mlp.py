@@ -34,7 +34,8 @@ class Teacher:
         self.w2 = torch.randn(HIDDEN, OUT, generator=generator) / HIDDEN**0.5
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x @ self.w1.to(x.device)) @ self.w2.to(x.device)
+        y: torch.Tensor = torch.tanh(x @ self.w1.to(x.device)) @ self.w2.to(x.device)
+        return y
 
 
 def make_loss_fn() -> LossFn:

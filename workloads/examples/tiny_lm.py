@@ -46,7 +46,8 @@ class Block(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
         x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, WIDTH))
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class TinyLM(nn.Module):
@@ -66,7 +67,8 @@ class TinyLM(nn.Module):
         x = self.embed(tokens) + self.position[: tokens.shape[1]]
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x).reshape(-1, WIDTH))
+        logits: torch.Tensor = self.head(self.norm(x).reshape(-1, WIDTH))
+        return logits
 
 
 def synthetic_sequences(count: int, generator: torch.Generator) -> torch.Tensor:
