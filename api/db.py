@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, CursorResult, Result, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -105,3 +105,12 @@ async def close_session(session: AsyncSession) -> None:
         if isinstance(exc, DBAPIError) and not exc.connection_invalidated:
             raise
         _log.warning("closing a session on a lost database connection: %r", exc)
+
+
+def rows_matched(result: Result[*tuple[Any, ...]]) -> int:
+    """How many rows an UPDATE or DELETE run through `session.execute` matched.
+
+    The session types its result as a plain `Result`; for DML it is a `CursorResult`, the only kind with `rowcount`,
+    which the conditional updates (reserve capacity only if it is still free) depend on.
+    """
+    return cast("CursorResult[*tuple[Any, ...]]", result).rowcount

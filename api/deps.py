@@ -1,7 +1,8 @@
 """Named FastAPI dependencies: the session, the caller's identity, and what the app was built with.
 
 Tenant scoping is enforced in exactly one place: `CurrentTenant` turns a bearer token into a tenant, and tenant routes
-pass `tenant.id` into services that cannot query without it. No route repeats an ownership check, so none can forget one.
+pass `tenant.id` into services that cannot query without it. No route repeats an ownership check, so none can forget
+one.
 
 Status codes: no token, an unknown token or a revoked tenant is 401 (not authenticated). A valid token on the wrong
 kind of route (a tenant token on an admin route, the admin token on a tenant route) is 403 with the reason.
@@ -40,19 +41,23 @@ async def _session(request: Request) -> AsyncIterator[AsyncSession]:
 
 
 def _settings(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def _registry(request: Request) -> TenantRegistry:
-    return request.app.state.registry
+    registry: TenantRegistry = request.app.state.registry
+    return registry
 
 
 def _broker(request: Request) -> TenantBroker:
-    return request.app.state.broker
+    broker: TenantBroker = request.app.state.broker
+    return broker
 
 
 def _pseudonym_secret(request: Request) -> bytes:
-    return request.app.state.pseudonym_secret
+    pseudonym_secret: bytes = request.app.state.pseudonym_secret
+    return pseudonym_secret
 
 
 def _negotiation_context(request: Request) -> NegotiationContext:

@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field
 from api.models import JobDirective, JobTimelineEntry
 from api.models_node_failures import JobNodeFailure
 from api.schemas import MAX_INT, MAX_POWERSGD_RANK, _Body
-from harmonaize.job_runtime import JobProgress
 from harmonaize.events import FailureKind
+from harmonaize.job_runtime import JobProgress
 from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.pseudonyms import host_pseudonym
 

@@ -7,8 +7,10 @@ level-triggered (the whole registry each time), so a failed or repeated apply is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
+
 
 @dataclass(frozen=True)
 class TenantAccount:

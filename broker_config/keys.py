@@ -19,8 +19,8 @@ from broker_config.accounts import UserKeys
 
 
 def _keys_from_raw(raw: bytes) -> UserKeys:
-    seed = nkeys.encode_seed(raw, nkeys.PREFIX_BYTE_USER)
-    public = nkeys.from_seed(bytearray(seed)).public_key
+    seed: bytes = nkeys.encode_seed(raw, nkeys.PREFIX_BYTE_USER)
+    public: bytes = nkeys.from_seed(bytearray(seed)).public_key
     return UserKeys(public_key=public.decode(), seed=seed.decode())
 
 
@@ -39,7 +39,8 @@ def derive_user_keys(secret: bytes, purpose: str) -> UserKeys:
 
 def public_key_of(seed: str) -> str:
     """The public key of a user seed; raises nkeys errors for a malformed seed."""
-    return nkeys.from_seed(bytearray(seed.encode())).public_key.decode()
+    public: bytes = nkeys.from_seed(bytearray(seed.encode())).public_key
+    return public.decode()
 
 
 class ProviderKeys:

@@ -9,7 +9,8 @@ Delivery is at-least-once by design, and both operations are safe to repeat:
 * `publish_event` sends with `Nats-Msg-Id` = the CloudEvent id and waits for the PubAck, retrying until it comes (or
   the attempts run out, when it raises and the relay retries later). A retry of a message that was stored but whose
   ack was lost is dropped by JetStream's duplicate window; beyond the window, consumers dedup by CloudEvent id.
-  Core-NATS publishes buffered during a reconnect can be lost (docs/building-blocks.md), which is why nothing here is fire-and-forget.
+  Core-NATS publishes buffered during a reconnect can be lost (docs/building-blocks.md), which is why nothing here is
+  fire-and-forget.
 * A tenant event that carries a W3C `traceparent` (and `tracestate`) is published with the same values as NATS
   headers, so a consumer can continue the trace without decoding the body first.
 * `put_desired` writes a host's whole assignment under its key: writing the same value twice is harmless, and the

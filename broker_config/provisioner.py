@@ -19,22 +19,28 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import nats
 from nats.aio.client import Client
+from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from broker_config import keys as nkeys_util
 from broker_config.accounts import EventConsumer, TenantAccount, TenantNatsCredentials, UserKeys
 from broker_config.keys import ProviderKeys
 from broker_config.reload import SystemAccountReload
-from broker_config.render import TENANT_JS_PREFIX, render_accounts, tenant_account_name, tenant_stream_name, write_atomically
+from broker_config.render import (
+    TENANT_JS_PREFIX,
+    render_accounts,
+    tenant_account_name,
+    tenant_stream_name,
+    write_atomically,
+)
 from broker_config.server import BrokerError, check_accounts_text
 from broker_config.streams import ACK_WAIT_S, tenant_events_stream, tenant_pull_consumer
 from harmonaize.subjects import tenant_slice
-from nats.js.api import StreamConfig
 
 
 def reload_by_pid_file(pid_file: Path) -> Callable[[], None]:
@@ -64,7 +70,7 @@ async def connect_with_seed(servers: Sequence[str], seed: str, *, timeout: float
             connect_timeout=timeout,
             allow_reconnect=False,
             max_reconnect_attempts=0,
-            **options,  # type: ignore[arg-type]
+            **options,
         ),
         timeout,
     )
@@ -163,7 +169,7 @@ class NatsTenantBroker:
 
     async def provider_connection(self, **options: object) -> Client:
         """A connection in the provider's account (agents, control plane)."""
-        return await nats.connect(servers=self.servers, nkeys_seed_str=self.keys.provider.seed, **options)  # type: ignore[arg-type]
+        return await nats.connect(servers=self.servers, nkeys_seed_str=self.keys.provider.seed, **options)
 
     async def apply(self, tenants: Sequence[TenantAccount]) -> None:
         async with self._lock:
@@ -219,7 +225,9 @@ class NatsTenantBroker:
             raise BrokerError(f"the broker refused consumer {name!r}: {exc}") from exc
         finally:
             await provider.close()
-        filters = [info.config.filter_subject] if info.config.filter_subject else list(info.config.filter_subjects or [])
+        filters = (
+            [info.config.filter_subject] if info.config.filter_subject else list(info.config.filter_subjects or [])
+        )
         return EventConsumer(
             name=name,
             stream=info.stream_name,

@@ -75,7 +75,7 @@ async def reload_via_system_account(system: Client, *, timeout: float = 5.0) -> 
     replies = await asyncio.gather(
         *(_request(system, RELOAD_SUBJECT.format(server_id=server_id), timeout=timeout) for server_id in ids)
     )
-    for server_id, reply in zip(ids, replies):
+    for server_id, reply in zip(ids, replies, strict=True):
         error = reply.get("error")
         if error:
             name = (reply.get("server") or {}).get("name") or server_id

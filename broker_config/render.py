@@ -1,7 +1,7 @@
 """Render nats-server configuration from the tenant registry.
 
-Isolation comes from accounts, not from per-user permissions (docs/building-blocks.md: inside one account, a user allowed to create
-JetStream consumers can read any subject). The layout:
+Isolation comes from accounts, not from per-user permissions (docs/building-blocks.md: inside one account, a user
+allowed to create JetStream consumers can read any subject). The layout:
 
 * `PROVIDER` holds one events stream per tenant, `HZ_T_<tenant>` over `hz.t.<tenant>.>`, and all `hz.p.>` traffic.
   Agents and the control plane connect here; a PubAck from that stream means the event is stored where its tenant
@@ -28,9 +28,10 @@ tenant changes rewrite only the accounts file and reload the server (SIGHUP), wh
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from broker_config.accounts import TenantAccount
 from broker_config.keys import ProviderKeys

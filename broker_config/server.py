@@ -19,13 +19,12 @@ from pathlib import Path
 
 from broker_config.render import (
     ACCOUNTS_FILE,
-    SYNC_ALWAYS,
     ClusterOptions,
     ServerOptions,
-    check_sync_interval,
     render_server,
     write_atomically,
 )
+from harmonaize.broker_sync import SYNC_ALWAYS, check_sync_interval
 
 
 class BrokerError(RuntimeError):
@@ -131,11 +130,25 @@ class NatsServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ended = ""  # how the last process ended, when its owner stopped or killed it (for `describe`)
 
-    config_file = property(lambda self: self.directory / "nats.conf")
-    accounts_file = property(lambda self: self.directory / ACCOUNTS_FILE)
-    store_dir = property(lambda self: self.directory / "jetstream")
-    pid_file = property(lambda self: self.directory / "nats.pid")
-    log_file = property(lambda self: self.directory / "nats.log")
+    @property
+    def config_file(self) -> Path:
+        return self.directory / "nats.conf"
+
+    @property
+    def accounts_file(self) -> Path:
+        return self.directory / ACCOUNTS_FILE
+
+    @property
+    def store_dir(self) -> Path:
+        return self.directory / "jetstream"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / "nats.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / "nats.log"
 
     @property
     def url(self) -> str:
@@ -258,7 +271,7 @@ class NatsServer:
         if self._proc is not None and self._proc.poll() is None:
             os.kill(self._proc.pid, sig)
 
-    def __enter__(self) -> "NatsServer":
+    def __enter__(self) -> NatsServer:
         self.start()
         return self
 

@@ -6,13 +6,13 @@ the event is stored where its tenant reads it. Tenants read through pull consume
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from broker_config.render import tenant_stream_name
-from harmonaize.subjects import TENANT_ROOT, tenant_slice
 from harmonaize.ids import validate_id
+from harmonaize.subjects import TENANT_ROOT, tenant_slice
 
 EVENT_RETENTION_S = 7 * 24 * 3600.0
 DUPLICATE_WINDOW_S = 120.0

@@ -107,12 +107,17 @@ class Directives(_Model):
     """The provider's current micro-level settings for one job; None fields mean "the job's own choice"."""
 
     version: int = Field(default=0, ge=0, le=MAX_COUNT)
-    checkpoint_requests: int = Field(default=0, ge=0, le=MAX_COUNT, description="Grows by one for every 'checkpoint now'.")
+    checkpoint_requests: int = Field(
+        default=0, ge=0, le=MAX_COUNT, description="Grows by one for every 'checkpoint now'."
+    )
     checkpoint_interval_steps: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     compression: Compression | None = None
     powersgd_rank: int | None = Field(default=None, ge=1, le=MAX_WORLD)
     batch_size: int | None = Field(
-        default=None, ge=1, le=MAX_COUNT, description="Per rank and per micro-batch (a step sees batch x accumulation x world)."
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="Per rank and per micro-batch (a step sees batch x accumulation x world).",
     )
     gradient_accumulation: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     reason: str = Field(default="", max_length=500)
@@ -155,7 +160,9 @@ class WorkerSpec(_Model):
 
     tenant: TenantId
     job: JobId
-    epoch: int = Field(ge=0, le=MAX_COUNT, description="Bumped by the provider whenever the job's node set or plan changes.")
+    epoch: int = Field(
+        ge=0, le=MAX_COUNT, description="Bumped by the provider whenever the job's node set or plan changes."
+    )
     parallel_plan: ParallelPlan = ParallelPlan.DDP
     locality_group: str = Field(default="", max_length=64, description="This node's group (a tenant pseudonym).")
     checkpoint_dir: Path

@@ -24,9 +24,9 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from harmonaize.times import UtcDatetime
 from harmonaize.ids import JobId
 from harmonaize.jobs import ParallelPlan
+from harmonaize.times import UtcDatetime
 
 MAX_WORKERS = 4096
 MAX_OPTIONS = 8

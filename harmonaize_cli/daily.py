@@ -13,7 +13,7 @@ import json
 import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -42,7 +42,7 @@ def _settings() -> Settings:
 
 
 def _need(value: object, variable: str, hint: str) -> str:
-    text = value.get_secret_value() if hasattr(value, "get_secret_value") else value  # type: ignore[union-attr]
+    text = value.get_secret_value() if hasattr(value, "get_secret_value") else value
     if not text:
         _fail(f"{variable} is not set ({hint})", code=2)
     return str(text)
@@ -120,9 +120,11 @@ def figure(value: float | None) -> str:
 
 @negotiations_app.command("list")
 def negotiations_list(
-    job: Annotated[Optional[str], typer.Option(help="Only this job's.")] = None,
-    state: Annotated[Optional[str], typer.Option(help="offered, accepted, rejected, declined, cancelled, expired.")] = None,
-    kind: Annotated[Optional[str], typer.Option(help="scale, repartition, defer, migrate_region.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job's.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="offered, accepted, rejected, declined, cancelled, expired.")
+    ] = None,
+    kind: Annotated[str | None, typer.Option(help="scale, repartition, defer, migrate_region.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (newest first).", min=1, max=500)] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -225,9 +227,9 @@ def jobs_show(
 
 @events_app.command("tail")
 def events_tail(
-    kind: Annotated[Optional[str], typer.Option(help="Only this kind (failure, carbon, negotiation, ...).")] = None,
-    job: Annotated[Optional[str], typer.Option(help="Only this job's.")] = None,
-    count: Annotated[Optional[int], typer.Option(help="Exit after this many events.", min=1)] = None,
+    kind: Annotated[str | None, typer.Option(help="Only this kind (failure, carbon, negotiation, ...).")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job's.")] = None,
+    count: Annotated[int | None, typer.Option(help="Exit after this many events.", min=1)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print each CloudEvent as JSON.")] = False,
 ) -> None:
     """Print the tenant's events as they arrive (live), until Ctrl-C or `--count`."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -88,15 +88,18 @@ def version() -> None:
 
 @app.command()
 def up(
-    data_dir: Annotated[Optional[Path], typer.Option(help="State directory (default: HZ_DATA_DIR or .hz).")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="State directory (default: HZ_DATA_DIR or .hz).")] = None,
     nats_port: Annotated[int, typer.Option(help="Broker client port; 0 picks a free one.", min=0, max=65535)] = 0,
-    api_port: Annotated[Optional[int], typer.Option(help="API port (default 8080); 0 picks a free one.", min=0, max=65535)] = None,
+    api_port: Annotated[
+        int | None, typer.Option(help="API port (default 8080); 0 picks a free one.", min=0, max=65535)
+    ] = None,
     demo_tenant: Annotated[bool, typer.Option(help="Create the demo tenant and write its credentials.")] = True,
     hosts: Annotated[
-        Optional[int], typer.Option(help="Simulated GPU hosts, in 2 locality groups (default: the scenario's 4).", min=1, max=64)
+        int | None,
+        typer.Option(help="Simulated GPU hosts, in 2 locality groups (default: the scenario's 4).", min=1, max=64),
     ] = None,
     scenario: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(help="Scenario YAML the simulated hosts live through (default: a quiet fleet, no episodes)."),
     ] = None,
     fleet: Annotated[bool, typer.Option(help="Start the simulated hosts' agents and the provider's loops.")] = True,
@@ -165,10 +168,10 @@ def up(
 @app.command()
 def demo(
     data_dir: Annotated[
-        Optional[Path], typer.Option(help="State directory; must be new (default: a fresh temporary one).")
+        Path | None, typer.Option(help="State directory; must be new (default: a fresh temporary one).")
     ] = None,
-    summary_json: Annotated[Optional[Path], typer.Option(help="Also write the summary as JSON here.")] = None,
-    live: Annotated[Optional[bool], typer.Option(help="Live status table (default: when stdout is a terminal).")] = None,
+    summary_json: Annotated[Path | None, typer.Option(help="Also write the summary as JSON here.")] = None,
+    live: Annotated[bool | None, typer.Option(help="Live status table (default: when stdout is a terminal).")] = None,
 ) -> None:
     """Run the demo story on a fresh local cloud with a real training job and the example controllers (~3 min)."""
     import tempfile
@@ -254,7 +257,7 @@ def _admin_client(settings: Settings) -> httpx.Client:
 @tenants_app.command("create")
 def tenants_create(
     tenant_id: Annotated[str, typer.Argument(help="Tenant id: lowercase letters, digits, '_' and '-'.")],
-    display_name: Annotated[Optional[str], typer.Option(help="Human-readable name.")] = None,
+    display_name: Annotated[str | None, typer.Option(help="Human-readable name.")] = None,
 ) -> None:
     """Create a tenant; prints its API token and NATS credentials once, as JSON."""
     import httpx

@@ -37,7 +37,7 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -56,7 +56,7 @@ DEMO_TENANT_ENV_FILE = ".env"
 MAIN_CONFIG_FILE = "nats.conf"
 
 
-class ReloadMode(str, enum.Enum):
+class ReloadMode(enum.StrEnum):
     system_account = "system-account"
     pid_file = "pid-file"
 
@@ -194,16 +194,16 @@ async def _serve(
 @api_app.command("bootstrap")
 def api_bootstrap(
     scenario: Annotated[
-        Optional[Path], typer.Option(help="Register every host of this scenario (id, GPUs, locality group).")
+        Path | None, typer.Option(help="Register every host of this scenario (id, GPUs, locality group).")
     ] = None,
-    tenant: Annotated[Optional[str], typer.Option(help="Create this tenant once and keep its credentials.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Create this tenant once and keep its credentials.")] = None,
     credentials_dir: Annotated[
         Path, typer.Option(help=f"Where the tenant's credentials go ({DEMO_TENANT_ENV_FILE}, mode 0600).")
     ] = Path("."),
-    job: Annotated[Optional[str], typer.Option(help="Also submit this job as the tenant (kept if it exists).")] = None,
+    job: Annotated[str | None, typer.Option(help="Also submit this job as the tenant (kept if it exists).")] = None,
     min_workers: Annotated[int, typer.Option(min=1)] = 1,
     max_workers: Annotated[int, typer.Option(min=1)] = 4,
-    initial_workers: Annotated[Optional[int], typer.Option(min=1, help="Place this many workers at once.")] = None,
+    initial_workers: Annotated[int | None, typer.Option(min=1, help="Place this many workers at once.")] = None,
     gpus_per_worker: Annotated[int, typer.Option(min=1)] = 1,
     entrypoint: Annotated[
         str, typer.Option(help="What torchrun runs on each node, one shell-quoted string (empty: nothing runs).")
@@ -254,7 +254,11 @@ def _scenario_hosts(path: Path) -> list[dict[str, object]]:
     except (ScenarioError, OSError) as exc:
         _fail(f"cannot read scenario {path}: {exc}", code=2)
     return [
-        {"id": host, "gpus": spec.gpus if spec.gpus is not None else 8, "locality_group": spec.locality_group or "default"}
+        {
+            "id": host,
+            "gpus": spec.gpus if spec.gpus is not None else 8,
+            "locality_group": spec.locality_group or "default",
+        }
         for host, spec in sorted(loaded.hosts.items())
         if spec.gpus != 0
     ]
@@ -347,14 +351,14 @@ def _bootstrap(
 @broker_app.command("render-config")
 def broker_render_config(
     out: Annotated[
-        Optional[Path], typer.Option(help="Directory of the config (default: that of HZ_BROKER_CONFIG_FILE).")
+        Path | None, typer.Option(help="Directory of the config (default: that of HZ_BROKER_CONFIG_FILE).")
     ] = None,
     listen: Annotated[str, typer.Option(help="Client listener, HOST:PORT.")] = "0.0.0.0:4222",
-    http_port: Annotated[Optional[int], typer.Option(help="Monitoring port (healthz).", min=1, max=65535)] = None,
-    store_dir: Annotated[Optional[Path], typer.Option(help="JetStream store (default: <out>/jetstream).")] = None,
+    http_port: Annotated[int | None, typer.Option(help="Monitoring port (healthz).", min=1, max=65535)] = None,
+    store_dir: Annotated[Path | None, typer.Option(help="JetStream store (default: <out>/jetstream).")] = None,
     server_name: Annotated[str, typer.Option(help="Server name of the single-node config.")] = "hz-nats",
     cluster_node: Annotated[
-        Optional[list[str]], typer.Option(help="Also write cluster-<node>.conf for this node (repeat per node).")
+        list[str] | None, typer.Option(help="Also write cluster-<node>.conf for this node (repeat per node).")
     ] = None,
     cluster_port: Annotated[int, typer.Option(help="Route port of cluster nodes.", min=1, max=65535)] = 6222,
     cluster_name: Annotated[str, typer.Option(help="Cluster name.")] = "hz",

@@ -25,18 +25,19 @@ target_metadata = Base.metadata
 
 
 def _database_url() -> str:
-    settings = config.attributes.get("settings")
+    settings: Settings | None = config.attributes.get("settings")
     if settings is None:
         settings = Settings()
     return settings.resolved_database_url
 
 
-def _configure(**options: object) -> None:
-    context.configure(target_metadata=target_metadata, compare_type=True, **options)
-
-
 def _run_on(connection: Connection) -> None:
-    _configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        compare_type=True,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -53,7 +54,14 @@ async def _run_with_own_engine(url: str) -> None:
 
 def _run_offline() -> None:
     url = _database_url()
-    _configure(url=url, literal_binds=True, render_as_batch=is_sqlite(url), dialect_opts={"paramstyle": "named"})
+    context.configure(
+        url=url,
+        target_metadata=target_metadata,
+        compare_type=True,
+        literal_binds=True,
+        render_as_batch=is_sqlite(url),
+        dialect_opts={"paramstyle": "named"},
+    )
     with context.begin_transaction():
         context.run_migrations()
 

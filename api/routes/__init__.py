@@ -25,8 +25,9 @@ from api.routes import (
 from api.schemas import ErrorPublic
 
 _ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorPublic} for status in (401, 403, 404, 409, 422, 503)
-} | BODY_TOO_LARGE_RESPONSE
+    **{status: {"model": ErrorPublic} for status in (401, 403, 404, 409, 422, 503)},
+    **BODY_TOO_LARGE_RESPONSE,
+}
 _LIMITED = {negotiations: {"dependencies": [Depends(limit_negotiation_writes)], "responses": RATE_LIMITED_RESPONSE}}
 """Per-module extras: negotiation writes take a token from the tenant's bucket (`api.limits`)."""
 

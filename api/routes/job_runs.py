@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import AdminDep, CurrentTenant, NowDep, PseudonymSecretDep, SessionDep, WakeRelayDep
+from api.host_schemas import HostPublic
 from api.job_run_schemas import (
     DirectiveProposalBody,
     DirectivePublic,
@@ -20,7 +21,6 @@ from api.job_run_schemas import (
     NodeFailurePublic,
     TimelineEntryPublic,
 )
-from api.host_schemas import HostPublic
 from api.services import host_outages, job_directives, job_progress, node_failures
 from api.services import jobs as jobs_service
 from api.services.errors import InvalidRequestError

@@ -23,7 +23,9 @@ from harmonaize.times import UtcDatetime
 
 router = APIRouter(tags=["negotiations"])
 
-NegotiationId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+NegotiationId = Annotated[
+    str, StringConstraints(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+]
 IdempotencyKey = Annotated[
     str,
     Header(

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
+from itertools import pairwise
 from typing import Protocol
 
 from harmonaize.events import parse_rfc3339
@@ -46,20 +47,24 @@ class CarbonTrace:
 
 
 def load_trace(text: str | None = None) -> CarbonTrace:
-    """Parse a trace CSV (`datetime_utc,zone,carbon_intensity_g_per_kwh`, hourly, in order); default: the shipped one."""
+    """Parse a trace CSV (`datetime_utc,zone,carbon_intensity_g_per_kwh`, hourly, in order).
+
+    Without `text`, the trace shipped with the package is read.
+    """
     if text is None:
         text = (resources.files("harmonaize") / TRACE_RESOURCE).read_text()
     rows = list(csv.DictReader(io.StringIO(text)))
     if not rows:
         raise ValueError("the carbon trace has no rows")
     times = [parse_rfc3339(row["datetime_utc"].replace("+00:00", "Z")) for row in rows]
-    for earlier, later in zip(times, times[1:]):
+    for earlier, later in pairwise(times):
         if later - earlier != timedelta(hours=1):
             raise ValueError(f"the carbon trace must be hourly and in order; {earlier} is followed by {later}")
     zones = {row["zone"] for row in rows}
     if len(zones) != 1:
         raise ValueError(f"the carbon trace must cover one zone, got {sorted(zones)}")
-    return CarbonTrace(zone=zones.pop(), hourly_g_per_kwh=tuple(float(row["carbon_intensity_g_per_kwh"]) for row in rows))
+    hourly = tuple(float(row["carbon_intensity_g_per_kwh"]) for row in rows)
+    return CarbonTrace(zone=zones.pop(), hourly_g_per_kwh=hourly)
 
 
 @dataclass(frozen=True)

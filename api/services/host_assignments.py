@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Allocation, Host, Job
@@ -31,7 +32,8 @@ from harmonaize.job_runtime import Directives, JobRanges, Range
 from harmonaize.jobs import Compression
 
 
-def _effective(now: datetime):  # type: ignore[no-untyped-def]
+def _effective(now: datetime) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
+    """Allocations that hold capacity at `now`: not released, and started (a reservation counts from its start)."""
     return Allocation.released_at.is_(None), or_(Allocation.starts_at.is_(None), Allocation.starts_at <= now)
 
 
@@ -52,6 +54,14 @@ def job_ranges(job: Job) -> JobRanges:
 
 def job_directives(job: Job) -> Directives:
     return Directives() if job.directives is None else Directives.model_validate(job.directives)
+
+
+def _placement_hosts(placement: dict[str, object] | None) -> dict[str, int]:
+    """Workers per host in a stored placement (as `_job_placement` writes it); empty for a job placed nowhere.
+
+    The JSON column is typed loosely, so the shape written below is restated here, once.
+    """
+    return cast("dict[str, int]", (placement or {}).get("hosts") or {})
 
 
 async def _job_placement(session: AsyncSession, job: Job, *, now: datetime) -> dict[str, object]:
@@ -78,7 +88,7 @@ async def compute_assignment(session: AsyncSession, host_id: str, *, generation:
     )
     jobs = []
     for job, gpus in rows:
-        placement_hosts = (job.placement or {}).get("hosts") or {}
+        placement_hosts = _placement_hosts(job.placement)
         jobs.append(
             AssignedJob(
                 tenant=job.tenant_id,
@@ -126,11 +136,11 @@ async def _renew_epochs(
         placement = await _job_placement(session, job, now=now)
         if placement == job.placement:
             continue
-        old_hosts = set(((job.placement or {}).get("hosts") or {}).keys())
+        old_hosts = set(_placement_hosts(job.placement))
         job.placement = placement
         job.placement_epoch = job.placement_epoch + 1
         job.restart_mode = restart
-        touched |= old_hosts | set(placement["hosts"])  # type: ignore[arg-type]
+        touched |= old_hosts | set(_placement_hosts(placement))
     await session.flush()
     return touched
 

@@ -63,7 +63,7 @@ async def propose(
         version=current.version + 1,
         checkpoint_requests=current.checkpoint_requests + (1 if proposal.checkpoint_now else 0),
         checkpoint_interval_steps=proposal.checkpoint_interval_steps,
-        compression=proposal.compression,  # type: ignore[arg-type]
+        compression=proposal.compression,
         powersgd_rank=proposal.powersgd_rank,
         batch_size=proposal.batch_size,
         gradient_accumulation=proposal.gradient_accumulation,

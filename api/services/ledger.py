@@ -31,6 +31,7 @@ from sqlalchemy import Select, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
+from api.db import rows_matched
 from api.models import Allocation, Host, Job, utcnow
 from api.services.errors import (
     ConflictError,
@@ -61,7 +62,7 @@ async def _try_reserve(session: AsyncSession, host_id: str, gpus: int) -> bool:
         .values(allocated_gpus=Host.allocated_gpus + gpus)
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1
+    return rows_matched(result) == 1
 
 
 async def _return_to_host(session: AsyncSession, host_id: str, gpus: int) -> None:
@@ -71,7 +72,7 @@ async def _return_to_host(session: AsyncSession, host_id: str, gpus: int) -> Non
         .values(allocated_gpus=Host.allocated_gpus - gpus)
         .execution_options(synchronize_session=False)
     )
-    if returned.rowcount != 1:
+    if rows_matched(returned) != 1:
         raise RuntimeError(f"ledger inconsistent: host {host_id!r} has fewer than {gpus} GPUs allocated")
 
 
@@ -100,7 +101,7 @@ async def change_job_workers(
         )
         .execution_options(synchronize_session=False)
     )
-    if result.rowcount != 1:
+    if rows_matched(result) != 1:
         if expected_workers is not None:
             current = await session.scalar(
                 select(Job.desired_workers).where(Job.tenant_id == job.tenant_id, Job.id == job.id)
@@ -257,12 +258,12 @@ async def _mark_released(session: AsyncSession, allocation: Allocation, *, now: 
         .values(released_at=now)
         .execution_options(synchronize_session=False)
     )
-    if marked.rowcount != 1:
+    if rows_matched(marked) != 1:
         raise ConflictError(f"allocation {allocation.id!r} is already released")
     set_committed_value(allocation, "released_at", now)
 
 
-def _candidates(gpus: int, *, host_id: str | None, locality_group: str | None) -> Select[tuple[str, str]]:
+def _candidates(gpus: int, *, host_id: str | None, locality_group: str | None) -> Select[str, str]:
     free = Host.gpus - Host.allocated_gpus
     query = select(Host.id, Host.locality_group).where(free >= gpus, Host.down_at.is_(None)).order_by(free, Host.id)
     if host_id is not None:

@@ -235,7 +235,7 @@ def _option(workers: int | None, start: _Start, now: datetime, reason: str, **ex
         start_at=None if start.at <= now else start.at,
         expected_carbon_g_per_kwh=start.g_per_kwh,
         reason=reason[:300],
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
 
 
@@ -370,7 +370,9 @@ def _defer(
     if cap is not None and best.g_per_kwh is not None and best.g_per_kwh > cap:
         return _carbon_decline(cap, carbon)
     short = "" if workers == target else f"; room to reserve {workers - current} more, not {target - current}"
-    reason = f"{workers} workers {_when(best, now)}, the lowest-carbon start in your window{short}{_carbon_note(best, cap)}"
+    reason = (
+        f"{workers} workers {_when(best, now)}, the lowest-carbon start in your window{short}{_carbon_note(best, cap)}"
+    )
     return [_option(workers, best, now, reason)]
 
 

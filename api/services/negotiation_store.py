@@ -17,6 +17,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
+from api.db import rows_matched
 from api.models import Negotiation, NegotiationRound
 from api.schemas import NegotiationPublic, NegotiationSummary, RoundPublic
 from api.services.errors import NotFoundError
@@ -163,7 +164,7 @@ async def change_state(
         .values(state=target, version=Negotiation.version + 1, updated_at=now, **values)
         .execution_options(synchronize_session=False)
     )
-    if result.rowcount != 1:
+    if rows_matched(result) != 1:
         current = await session.scalar(select(Negotiation.state).where(Negotiation.id == negotiation.id))
         raise InvalidTransitionError(current or negotiation.state, action)
     for name, value in {"state": target, "version": negotiation.version + 1, "updated_at": now, **values}.items():
@@ -183,7 +184,9 @@ def announce(session: AsyncSession, negotiation: Negotiation, *, now: datetime) 
         accepted_option=accepted_option_of(negotiation),
         at=now,
     )
-    enqueue_tenant_event(session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event, now=now)
+    enqueue_tenant_event(
+        session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event, now=now
+    )
 
 
 async def expire(session: AsyncSession, negotiation: Negotiation, *, now: datetime) -> bool:

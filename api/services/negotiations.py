@@ -56,7 +56,6 @@ from api.services.worker_replacement import avoided_hosts, move_workers, resolve
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
 
-
 MAX_ROUNDS = 100
 """Counters allowed per negotiation: a controller stuck in a loop ends here instead of growing history forever."""
 

@@ -7,8 +7,9 @@ broker failure leaves no tenant the broker does not serve: the transaction rolls
 apply, at the latest at the next start-up, removes it.)
 
 Changes are serialised, since two concurrent creations would each apply a list without the other's tenant and the
-later apply would drop the earlier tenant from the broker: an asyncio lock within this process, plus a transaction-scoped
-advisory lock on PostgreSQL for several API processes (SQLite's single writer already serialises them).
+later apply would drop the earlier tenant from the broker: an asyncio lock within this process, plus a
+transaction-scoped advisory lock on PostgreSQL for several API processes (SQLite's single writer already serialises
+them).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -79,7 +80,8 @@ async def avoided_hosts(session: AsyncSession, job: Job, *, secret: bytes, now: 
     )
     names: set[str] = set()
     for offer, index in rows:
-        options = (offer or {}).get("options") or []
+        # The stored offer is an `Offer` dumped to JSON: its options are dicts (read raw, not re-validated per row).
+        options = cast("list[dict[str, Any]]", (offer or {}).get("options") or [])
         if index is not None and 0 <= index < len(options):
             names.update(options[index].get("replaced_hosts") or ())
     if not names:

@@ -9,6 +9,7 @@ from harmonaize.events.base import EVENT_TYPE_PREFIX, ContractModel, EventData, 
 from harmonaize.events.capacity import Availability, Capacity, GroupCapacity, bucket_for_free_gpus
 from harmonaize.events.carbon import CarbonIntensity, ForecastPoint
 from harmonaize.events.congestion import Congestion, CongestionLevel, CongestionScope
+from harmonaize.events.directive import DirectiveState, DirectiveUpdate
 from harmonaize.events.envelope import (
     CONTENT_TYPE,
     DATA_CONTENT_TYPE,
@@ -34,10 +35,9 @@ from harmonaize.events.fields import (
     is_host_pseudonym,
     parse_rfc3339,
 )
+from harmonaize.events.job import JobUpdate
 from harmonaize.events.kinds import EventKind, UnknownEventKindError, parse_kind
 from harmonaize.events.maintenance import Maintenance, MaintenanceKind, MaintenanceStatus, MaintenanceWindow
-from harmonaize.events.directive import DirectiveState, DirectiveUpdate
-from harmonaize.events.job import JobUpdate
 from harmonaize.events.negotiation import NegotiationUpdate
 from harmonaize.events.registry import DEFAULT_REGISTRY, EventRegistry
 from harmonaize.events.sources import CONTROL_PLANE_SOURCE, agent_source

@@ -11,6 +11,7 @@ flood a subscriber with an unbounded array.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, ClassVar, Self
 
 from pydantic import Field, Strict, StringConstraints, model_validator
@@ -48,7 +49,7 @@ class CarbonIntensity(EventData):
 
     @model_validator(mode="after")
     def _forecast_ordered(self) -> Self:
-        for index, (earlier, later) in enumerate(zip(self.forecast, self.forecast[1:]), start=1):
+        for index, (earlier, later) in enumerate(pairwise(self.forecast), start=1):
             if later.at <= earlier.at:
                 raise ValueError(f"forecast: point {index} is not strictly after point {index - 1} in time")
         return self

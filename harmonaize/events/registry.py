@@ -19,12 +19,12 @@ from harmonaize.events.base import EVENT_TYPE_PREFIX, EventData, split_event_typ
 from harmonaize.events.capacity import Capacity
 from harmonaize.events.carbon import CarbonIntensity
 from harmonaize.events.congestion import Congestion
+from harmonaize.events.directive import DirectiveUpdate
 from harmonaize.events.errors import UnknownEventTypeError
 from harmonaize.events.failure import Failure
+from harmonaize.events.job import JobUpdate
 from harmonaize.events.kinds import EventKind
 from harmonaize.events.maintenance import Maintenance
-from harmonaize.events.directive import DirectiveUpdate
-from harmonaize.events.job import JobUpdate
 from harmonaize.events.negotiation import NegotiationUpdate
 from harmonaize.events.topology import Topology
 

@@ -1,18 +1,21 @@
 """`harmonaize demo`: the demo story told by the real system, in under three minutes.
 
 A fresh local cloud (broker, API, four simulated hosts in two locality groups, the provider's loops) lives through a
-scripted scenario while a real training job runs and the three example tenant controllers react to its events:
+scripted scenario while a real training job runs and the three example tenant controllers react to its events
+(seconds into the run: what happens in the world -> what should follow):
 
-| t (s) | the world                                     | what should follow                                       |
-|-------|-----------------------------------------------|----------------------------------------------------------|
-| 0     | a neighbour's batch job holds h4; our job gets 2 workers (h1, h2) | training at world size 2             |
-| 40    | carbon drops to 150 g/kWh                     | the carbon-aware scaler asks for 4, the provider counters with 3 (h4 is taken), accepted; a third node joins |
-| 60    | the neighbour's batch job ends: h4 is free    | the scaler, carbon still low, gets its 4th worker         |
-| 75    | a failure is predicted on h2                  | the failure guard asks to keep its size: the provider moves h2's worker to a healthy host, or, with none free, the job shrinks off h2; no step lost |
-| 90    | h2 dies, as predicted                         | nothing to recover: the job left it                       |
-| 100   | h3 dies without warning                       | outage reported, the survivors re-form at once; the steps since the last checkpoint are lost |
-| 120   | congestion between the locality groups       | the micro loop proposes compression; the congestion repartitioner switches DDP -> HSDP |
-| end   |                                               | the negotiation history over REST, and a summary          |
+* 0: a neighbour's batch job holds h4; our job gets 2 workers (h1, h2) -> training at world size 2.
+* 40: carbon drops to 150 g/kWh -> the carbon-aware scaler asks for 4, the provider counters with 3 (h4 is taken),
+  accepted; a third node joins.
+* 60: the neighbour's batch job ends: h4 is free -> the scaler, carbon still low, gets its 4th worker.
+* 75: a failure is predicted on h2 -> the failure guard asks to keep its size: the provider moves h2's worker to a
+  healthy host, or, with none free, the job shrinks off h2; no step lost.
+* 90: h2 dies, as predicted -> nothing to recover: the job left it.
+* 100: h3 dies without warning -> outage reported, the survivors re-form at once; the steps since the last checkpoint
+  are lost.
+* 120: congestion between the locality groups -> the micro loop proposes compression; the congestion repartitioner
+  switches DDP -> HSDP.
+* end: the negotiation history over REST, and a summary.
 
 Nothing here fakes an outcome: the driver only creates the jobs, ends the neighbour's, kills the hosts at the
 scripted times and watches.
@@ -36,6 +39,7 @@ from typing import Any
 
 import httpx
 import nats
+from nats.aio.client import Client
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -146,7 +150,9 @@ class DemoStory:
             raise RuntimeError("the demo tenant's credentials are missing (use a fresh --data-dir)")
         async with (
             httpx.AsyncClient(base_url=info.api_url, headers=_bearer(admin_token), timeout=30) as admin,
-            httpx.AsyncClient(base_url=info.api_url, headers=_bearer(tenant_env["HZ_TENANT_TOKEN"]), timeout=30) as tenant,
+            httpx.AsyncClient(
+                base_url=info.api_url, headers=_bearer(tenant_env["HZ_TENANT_TOKEN"]), timeout=30
+            ) as tenant,
         ):
             await self._occupy_neighbour_host(admin)
             await self._create_job(tenant)
@@ -215,7 +221,7 @@ class DemoStory:
         self._say("tenant controllers running: " + ", ".join(EXAMPLES))
         return procs
 
-    async def _watch_events(self, nats_url: str, tenant_env: dict[str, str]) -> nats.aio.client.Client:
+    async def _watch_events(self, nats_url: str, tenant_env: dict[str, str]) -> Client:
         """Count what the tenant is told, as the tenant (its own credentials, its own live slice)."""
         nc = await nats.connect(nats_url, nkeys_seed_str=tenant_env["HZ_TENANT_NATS_SEED"], name="hz-demo-watch")
 
@@ -238,7 +244,12 @@ class DemoStory:
         killed_at: float | None = None
         kill_epoch: int | None = None
         warned_epoch: int | None = None
-        with Live(self._table(None), console=self.console, refresh_per_second=4, transient=False) if self.live else _Null() as live:
+        display = (
+            Live(self._table(None), console=self.console, refresh_per_second=4, transient=False)
+            if self.live
+            else _Null()
+        )
+        with display as live:
             while (elapsed := time.monotonic() - self.started) < DEADLINE_S:
                 status = (await tenant.get(f"/v1/jobs/{JOB}/status")).json()
                 progress = status.get("progress")
@@ -267,7 +278,8 @@ class DemoStory:
                     killed_at = time.monotonic()
                     self._say(f"{victim} failed without warning (t={elapsed:.0f} s, job at step {progress['step']})")
                 if killed_at is not None and not self.summary.recovered and progress is not None:
-                    if progress["epoch"] > (kill_epoch or 0) and progress["step"] > (progress["resumed_from_step"] or 0):
+                    past_kill = progress["epoch"] > (kill_epoch or 0)
+                    if past_kill and progress["step"] > (progress["resumed_from_step"] or 0):
                         self.summary.recovered = True
                         self.summary.recovery_s = round(time.monotonic() - killed_at, 1)
                         self.summary.steps_lost = self._steps_lost(info, kill_epoch or 0, progress)
@@ -281,7 +293,12 @@ class DemoStory:
                     live.update(self._table(progress))
                 else:
                     self._status_line(elapsed, progress)
-                if self.summary.recovered and self.summary.repartitioned and progress and progress["parallel_plan"] == "hsdp":
+                if (
+                    self.summary.recovered
+                    and self.summary.repartitioned
+                    and progress
+                    and progress["parallel_plan"] == "hsdp"
+                ):
                     break
                 await asyncio.sleep(0.5)
         self.summary.duration_s = time.monotonic() - self.started
@@ -399,7 +416,9 @@ class DemoStory:
         loss = progress.get("loss")
         table.add_row("world size / plan", f"{progress['world_size']} / {progress['parallel_plan']}")
         table.add_row("step / loss", f"{progress['step']} / {loss:.4f}" if loss is not None else str(progress["step"]))
-        table.add_row("compression / ckpt every", f"{progress['compression']} / {progress['checkpoint_interval_steps']}")
+        table.add_row(
+            "compression / ckpt every", f"{progress['compression']} / {progress['checkpoint_interval_steps']}"
+        )
         table.add_row("events seen", ", ".join(f"{k} {v}" for k, v in sorted(self.summary.events.items())))
         table.add_row("negotiations", str(len(self.negotiation_rounds)))
         return table
@@ -414,20 +433,24 @@ class DemoStory:
         for (kind, state, path), count in sorted(outcomes.items()):
             table.add_row(f"negotiations: {kind} {state}", f"{count} x  {path}")
         table.add_row("world size over time", " -> ".join(
-            f"{entry['world_size']} {entry['parallel_plan']} (from step {entry['step']})" for entry in summary.world_sizes))
+            f"{entry['world_size']} {entry['parallel_plan']} (from step {entry['step']})"
+            for entry in summary.world_sizes
+        ))
         table.add_row("micro-loop directives", "; ".join(f"v{d['version']} {d['state']}" for d in summary.directives))
         table.add_row("predicted failure", f"left {PREDICTED_HOST} before it failed, "
                       f"{summary.move_steps_lost} step(s) lost" if summary.moved_before_failure
                       else f"still on {PREDICTED_HOST} when it failed")
         table.add_row("failure without warning", f"recovered in {summary.recovery_s} s, {summary.steps_lost} step(s) "
                       "lost" if summary.recovered else "not recovered")
-        table.add_row("scale-up / recovery / repartition / history",
-                      f"{summary.scale_up} / {summary.recovered} / {summary.repartitioned} / {summary.history_complete}")
+        table.add_row(
+            "scale-up / recovery / repartition / history",
+            f"{summary.scale_up} / {summary.recovered} / {summary.repartitioned} / {summary.history_complete}",
+        )
         table.add_row("duration", f"{summary.duration_s:.0f} s")
         self.console.print(table)
-        for path in (self.summary_json, self.done_marker):
-            if path is not None:
-                path.write_text(json.dumps(summary.as_dict(), indent=2))
+        for out in (self.summary_json, self.done_marker):
+            if out is not None:
+                out.write_text(json.dumps(summary.as_dict(), indent=2))
 
 
 class _Null:

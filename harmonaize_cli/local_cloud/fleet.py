@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -26,7 +27,10 @@ from provider_agents.processes import signal_marked
 __all__ = ["DEFAULT_SCENARIO", "LocalFleet", "fleet_of", "pin_scenario", "register_hosts", "scenario_hosts"]
 
 DEFAULT_SCENARIO = Path(str(importlib.resources.files("provider_agents") / "scenarios" / "quiet.yaml"))
-"""A quiet fleet: the hosts and the carbon trace, no scripted episode (those come with `scenario run` or `--scenario`)."""
+"""A quiet fleet: the hosts and the carbon trace, no scripted episode.
+
+The episodes come with `scenario run` or `--scenario`.
+"""
 
 
 def scenario_hosts(scenario: Path) -> dict[str, tuple[str, int]]:
@@ -57,10 +61,12 @@ def pin_scenario(
 ) -> Path:
     """Copy `scenario` to `out` with `start:` pinned, so every agent counts offsets from the same instant (and, given
     `hosts`, with that fleet instead of the file's)."""
-    loaded = yaml.safe_load(scenario.read_text()) or {}
+    loaded: dict[str, Any] = yaml.safe_load(scenario.read_text()) or {}
     loaded["start"] = start.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if hosts is not None:
-        region = next(iter((loaded.get("hosts") or {}).values()), {}).get("region")
+        hosts_in_file: dict[str, dict[str, Any]] = loaded.get("hosts") or {}
+        first_host: dict[str, Any] = next(iter(hosts_in_file.values()), {})
+        region = first_host.get("region")
         loaded["hosts"] = {
             host: {"locality_group": group, "gpus": gpus, **({"region": region} if region else {})}
             for host, (group, gpus) in hosts.items()

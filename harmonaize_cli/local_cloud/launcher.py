@@ -2,9 +2,10 @@
 the simulated fleet (four hosts in two locality groups by default, one agent process each, and the provider's
 central loops), so jobs placed by the control plane really run as torchrun nodes on this machine.
 
-`harmonaize up` calls `run_local_cloud`; `harmonaize demo` runs its story inside one. Everything lives in the data dir (`.hz/` by default): the broker's config,
-JetStream store and log, the SQLite database, the generated secrets and the demo tenant's credentials, so a second
-start resumes where the first stopped. A lock file keeps two clouds off one data dir.
+`harmonaize up` calls `run_local_cloud`; `harmonaize demo` runs its story inside one. Everything lives in the data dir
+(`.hz/` by default): the broker's config, JetStream store and log, the SQLite database, the generated secrets and the
+demo tenant's credentials, so a second start resumes where the first stopped. A lock file keeps two clouds off one
+data dir.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import json
 import os
 import secrets
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 from pydantic import SecretStr
@@ -140,7 +141,7 @@ async def run_local_cloud(
     fleet: bool = True,
     scenario: Path | None = None,
     hosts: dict[str, tuple[str, int]] | None = None,
-    story: Callable[[LocalCloudInfo, LocalFleet | None], Awaitable[None]] | None = None,
+    story: Callable[[LocalCloudInfo, LocalFleet | None], Coroutine[Any, Any, None]] | None = None,
     keep_running: bool = False,
 ) -> None:
     """Start broker, API and fleet, call `on_ready`, and run until `stop` is set (or SIGINT/SIGTERM), or until
@@ -254,7 +255,8 @@ def _negotiation_options(scenario: Path, start: datetime) -> NegotiationOptions:
     region = next((spec.region for spec in loaded.hosts.values() if spec.region), None) or "US-CAL-CISO"
     curve = loaded.carbon_for(region)
     if curve.points is not None:
-        forecast = StepCurveForecast(anchor=start, steps=tuple((timedelta(seconds=point.at), point.g_per_kwh) for point in curve.points))
+        steps = tuple((timedelta(seconds=point.at), point.g_per_kwh) for point in curve.points)
+        forecast = StepCurveForecast(anchor=start, steps=steps)
         return NegotiationOptions(forecast=forecast, region=region)
     if curve.trace is None or curve.trace in BUILTIN_TRACE_NAMES:
         return NegotiationOptions(

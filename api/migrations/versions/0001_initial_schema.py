@@ -12,6 +12,7 @@ overcommitted host even if some code path forgets the ledger's conditional updat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 from alembic import op
@@ -24,7 +25,7 @@ depends_on: str | Sequence[str] | None = None
 ID = sa.String(length=63)
 
 
-def _timestamp(name: str, *, nullable: bool = False) -> sa.Column:
+def _timestamp(name: str, *, nullable: bool = False) -> sa.Column[datetime]:
     return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
 
 

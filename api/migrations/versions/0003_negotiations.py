@@ -19,6 +19,7 @@ jobs, rather than invent a size.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 from alembic import op
@@ -42,7 +43,7 @@ _LIVE_GPUS = (
 )
 
 
-def _timestamp(name: str, *, nullable: bool = False) -> sa.Column:
+def _timestamp(name: str, *, nullable: bool = False) -> sa.Column[datetime]:
     return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
 
 

@@ -15,6 +15,7 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 from alembic import op
@@ -34,7 +35,7 @@ def _enum(name: str, values: Sequence[str], length: int = 16) -> sa.Enum:
     return sa.Enum(*values, name=name, native_enum=False, create_constraint=True, length=length)
 
 
-def _timestamp(name: str, *, nullable: bool = False) -> sa.Column:
+def _timestamp(name: str, *, nullable: bool = False) -> sa.Column[datetime]:
     return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
 
 
