@@ -9,7 +9,7 @@ subscription or escape its tenant's slice.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, TypeGuard
 
 from pydantic import StringConstraints
 
@@ -34,7 +34,7 @@ class InvalidIdError(ValueError):
         self.value = value
 
 
-def is_valid_id(value: object) -> bool:
+def is_valid_id(value: object) -> TypeGuard[str]:
     """True when `value` is a string usable as a tenant, job or host id."""
     return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
 
@@ -43,4 +43,4 @@ def validate_id(kind: str, value: object) -> str:
     """Return `value` unchanged, or raise InvalidIdError naming `kind`."""
     if not is_valid_id(value):
         raise InvalidIdError(kind, value)
-    return value  # type: ignore[return-value]
+    return value

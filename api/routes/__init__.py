@@ -6,7 +6,11 @@ of the app and checks that each one is either in the tenant set or refuses tenan
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, TypedDict
+
+from fastapi import APIRouter, Depends, params
 
 from api.limits import BODY_TOO_LARGE_RESPONSE, RATE_LIMITED_RESPONSE, limit_negotiation_writes
 from api.observability import bind_path_ids
@@ -28,7 +32,18 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     **{status: {"model": ErrorPublic} for status in (401, 403, 404, 409, 422, 503)},
     **BODY_TOO_LARGE_RESPONSE,
 }
-_LIMITED = {negotiations: {"dependencies": [Depends(limit_negotiation_writes)], "responses": RATE_LIMITED_RESPONSE}}
+
+
+class _RouterExtras(TypedDict, total=False):
+    """The `include_router` arguments a module may add to the shared ones."""
+
+    dependencies: Sequence[params.Depends]
+    responses: dict[int | str, dict[str, Any]]
+
+
+_LIMITED: dict[ModuleType, _RouterExtras] = {
+    negotiations: {"dependencies": [Depends(limit_negotiation_writes)], "responses": RATE_LIMITED_RESPONSE}
+}
 """Per-module extras: negotiation writes take a token from the tenant's bucket (`api.limits`)."""
 
 
@@ -37,5 +52,5 @@ def build_router() -> APIRouter:
     router = APIRouter(prefix="/v1", responses=_ERRORS, dependencies=[Depends(bind_path_ids)])
     modules = (health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, job_runs, metrics)
     for module in modules:
-        router.include_router(module.router, **_LIMITED.get(module, {}))  # type: ignore[arg-type]
+        router.include_router(module.router, **_LIMITED.get(module, _RouterExtras()))
     return router

@@ -21,10 +21,9 @@ def consumer_filters(tenant_id: str, *, kinds: Sequence[EventKind], jobs: Sequen
     """No kinds and no jobs: the tenant's whole slice (events, directives, outcomes); otherwise events only."""
     if not kinds and not jobs:
         return [tenant_slice(tenant_id)]
-    return [
-        tenant_events_filter(tenant_id, kind=kind, job=job)
-        for kind, job in product(kinds or [None], jobs or [None])  # type: ignore[list-item]
-    ]
+    kind_choices: Sequence[EventKind | None] = kinds or [None]  # None: any kind (or, below, any job)
+    job_choices: Sequence[str | None] = jobs or [None]
+    return [tenant_events_filter(tenant_id, kind=kind, job=job) for kind, job in product(kind_choices, job_choices)]
 
 
 async def ensure_event_consumer(
