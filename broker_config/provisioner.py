@@ -103,9 +103,11 @@ async def _ignore(_: Exception) -> None:
 
 async def ensure_stream(client: Client, config: StreamConfig) -> None:
     """Create the stream, or update it when its configuration drifted."""
+    if config.name is None:
+        raise ValueError("a stream config needs a name")  # nats-py refuses it too; checked here to narrow the type
     js = client.jetstream()
     try:
-        info = await js.stream_info(config.name)  # type: ignore[arg-type]
+        info = await js.stream_info(config.name)
     except NotFoundError:
         await js.add_stream(config)
         return

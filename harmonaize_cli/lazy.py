@@ -10,7 +10,7 @@ hands everything else to the real command, imported on first use: parsing, `--he
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -79,7 +79,7 @@ class LazyGroup(_Lazy, TyperGroup):
 
     @property
     def commands(self) -> Any:
-        return self.real().commands  # type: ignore[attr-defined]
+        return cast(TyperGroup, self.real()).commands  # a Typer sub-app is built by get_group, a TyperGroup
 
     @commands.setter
     def commands(self, _placeholder: Any) -> None:
