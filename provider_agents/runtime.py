@@ -226,7 +226,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
             agent.stop()
 
         _stop_on_signals(on_signal)
-        freeze_startup_heap()  # full GC passes over the start-up heap stalled publishing for 25-30 ms
+        freeze_startup_heap()  # full GC passes over the start-up heap would stall publishing (see harmonaize.heap)
         await agent.run()
     finally:
         try:

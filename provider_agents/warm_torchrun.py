@@ -1,10 +1,10 @@
 """A torchrun agent started ahead of need: a Python process that has already imported `torch.distributed.run` and
 waits on stdin for the arguments of the node it is to become.
 
-Why: after a host failure the survivors' nodes must restart into a new rendezvous, and on a 2-core host every Python
-process that imports torch costs ~1.2 s before it can do anything (measured: `python -c "import
-torch.distributed.run"`). Recovery pays that twice in a row (the torchrun agent, then its worker); a warm agent
-removes the first. The launcher keeps one warm process per host and starts a fresh one after each use.
+Why: after a host failure the survivors' nodes must restart into a new rendezvous, and every Python process that
+imports torch spends seconds on it before it can do anything, more under load (bench/README.md, 'Noise on this
+machine'). Recovery pays that twice in a row (the torchrun agent, then its worker); a warm agent removes the first.
+The launcher keeps one warm process per host and starts a fresh one after each use.
 
 The request is one JSON line: `{"args": [...torchrun arguments...], "env": {...}, "log": path}`. The process applies
 the environment (the node's marker, its spec, the torch settings: all read at call time by torchrun and inherited by

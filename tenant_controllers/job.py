@@ -2,25 +2,25 @@
 
 A `Job` is level-based: its fields are the provider's answer to `GET /v1/jobs/{id}`, never a value remembered from an
 old event. The runtime re-reads it at every resync, as soon as the controller itself opened a negotiation (which
-may change the job), and before the handlers of an event that says the job changed (a negotiation's outcome, the job
-restarting at a new shape, a failure of a host it ran on: see `runtime.JOB_CHANGING_KINDS`). Between those, a
-handler's view is kept at most `max_age` old (five seconds by default: a safety net for changes no event announced,
-at one read per job per `max_age` while events flow; it was one second, and those reads cost the provider's API
-5-10 ms of CPU each) without making handlers wait for the provider: once the copy is older than that, the next
-handler still gets it and a background read replaces it (stale-while-revalidate); only a copy older than the
-runtime's `job_stale_limit` (a minute: the job was quiet that long), or none at all, makes the handler wait for a
-read (its own, or one already under way that is recent enough and postdates our last change), since every event
-queued behind that handler waits for the read too (10-15 ms against the real API). Only handlers that take the job (a
-`job` parameter, or `**kwargs`) cause reads: a handler that keeps a `Job` some other way (a closure over one a resync
-handler was given) sees whatever that copy last was. Reading before *every* event made one REST round trip the ceiling
-of a controller's event rate, and a blocking read once a second stalled every event queued behind it for the round
-trip (both in bench/bench_events.py). A background read is applied at the next `ensure_fresh` (before a handler), never
-while a handler runs, so one handler sees one view; a read that started before our own negotiation (or an answer to
-one of its offers) is discarded, so no handler sees the job as it was before that. Without resyncs, the runtime
-starts the first read as it starts (`prefetch`; with them, the first resync reads the job before any event), so the
-first event after start-up joins that read instead of waiting a whole round trip of its own. What the controller has
-*observed* about the job is there too: `job.latest(CarbonIntensity)` is the newest carbon event seen for this job (by
-CloudEvent time, so late or reordered deliveries never roll it back), and it survives restarts.
+may change the job), and before the handlers of an event that says the job changed (see `runtime.JOB_CHANGING_KINDS`).
+
+Between those, the view is kept at most `max_age` old (five seconds by default: a safety net for changes no event
+announced; each read costs the provider's API CPU, so it is not made more often) without making handlers wait:
+an older copy is still handed to the next handler while a background read replaces it (stale-while-revalidate).
+Only a copy older than the runtime's `job_stale_limit` (a minute), or none at all, makes the handler wait for a read
+(its own, or one under way that is recent enough and postdates our last change), because every event queued behind
+that handler waits too. A read before every event would make the REST round trip the ceiling of the event rate, and
+a blocking one every `max_age` would stall the events queued behind it (bench/HISTORY.md, 'Less work per event, and
+fewer job reads').
+
+Only handlers that take the job (a `job` parameter, or `**kwargs`) cause reads; a `Job` kept some other way (a
+closure) shows whatever that copy last was. A background read is applied at the next `ensure_fresh`, never while a
+handler runs, so one handler sees one view; a read that started before our own negotiation (or an answer to one of
+its offers) is discarded. The first read starts with the runtime (`prefetch`, or the first resync), so the first
+event joins it instead of waiting a round trip of its own.
+
+`job.latest(CarbonIntensity)` is the newest carbon event observed for this job (by CloudEvent time, so late or
+reordered deliveries never roll it back); it survives restarts.
 
 The negotiation methods send one request and return an `Offer` handle (or raise `Declined`); they never wait for
 anything else, so a handler stays short and its outcome is decided by what it returns or raises.

@@ -205,7 +205,7 @@ class PullStream:
 
 class _Signal:
     """`asyncio.Event` with a timed wait that costs a future and a timer, not a Task: `asyncio.wait_for` (3.11) wraps
-    the wait in a Task, ~10 us more on every take that finds the buffer empty, i.e. on most events."""
+    the wait in a Task, extra work on every take that finds the buffer empty, i.e. on most events."""
 
     def __init__(self) -> None:
         self._set = False

@@ -47,12 +47,10 @@ _log = logging.getLogger("tenant_controllers.runtime")
 JOB_CHANGING_KINDS = frozenset({EventKind.NEGOTIATION, EventKind.JOB, EventKind.FAILURE})
 """Events that say the job's record at the provider changed or is about to (agreed workers or plan, a restart at a
 new shape, a host lost: re-placement): their handlers get the job re-read first. They are rare; the frequent kinds
-(congestion, carbon, topology, capacity) get the view at hand without waiting for the provider, re-read in the
-background once it is older than `job_max_age` (so at most that old while events flow; after a quiet spell, one
-handler may see an older one, up to `job_stale_limit`).
-Maintenance notices and micro-loop directives change nothing in the job's record, so they are not in it. A failure
-may arrive before the provider has re-placed the job: that read can still show the old shape, and the `job` event of
-the restart that follows re-reads it again (for a controller that handles `job` events)."""
+(congestion, carbon, topology, capacity) get the view at hand without waiting (see `job`). Maintenance notices and
+micro-loop directives change nothing in the job's record, so they are not in it. A failure may arrive before the
+provider has re-placed the job: that read can still show the old shape, and the `job` event of the restart that
+follows re-reads it again (for a controller that handles `job` events)."""
 
 _STOP = object()
 _RESYNC = object()

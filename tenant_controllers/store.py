@@ -15,21 +15,21 @@ crash may lose the last commits, which only means some events are handled again.
 than the broker keeps events, so nothing it can still redeliver is forgotten) and by row count.
 
 Housekeeping stays off the event path. The runtime calls this store from its event loop, so anything slow here delays
-every event queued behind it: SQLite's automatic WAL checkpoint (two fsyncs, 3-5 ms here, every ~150 events) and a
-prune that counts and deletes thousands of rows. A maintenance thread with its own connection does both instead:
-a PASSIVE checkpoint (it never blocks the writer) every `maintenance_interval`, and pruning in small chunks, each its
-own short transaction, so the loop's next write waits at most for one chunk.
+every event queued behind it: SQLite's automatic WAL checkpoint (two fsyncs, run by whichever commit crosses its
+threshold) and a prune that counts and deletes thousands of rows (bench/HISTORY.md, 'After the continuous pull,
+background job reads and the store's second layout'). A maintenance thread with its own connection does both
+instead: a PASSIVE checkpoint (it never blocks the writer) every `maintenance_interval`, and pruning in small chunks,
+each its own short transaction, so the loop's next write waits at most for one chunk.
 
-The layout is chosen for the write per event, the store's main cost (bench/bench_events.py): both tables are
-`WITHOUT ROWID` (one B-tree each, no separate primary-key index), `handled` has no index on `at` (only pruning reads
-it, in the background), and whether an event is the newest of its type is decided from memory. A newest event is
-staged, and written with the next commit of this store: the next `record` (its own handler's, usually; with several
-jobs' lanes running, possibly another event's) or the `flush` the runtime calls before acking an event no handler
-recorded. So an event costs one primary-key read and one commit, and none is acked before its observation is in the
-file. Deferring the write loses nothing: until the event is acked the broker redelivers it, and observing it again
-decides the same. A commit that fails keeps what was staged for the next one, so while the file cannot be written
-(a full disk), every event fails and is handed back rather than any being acked unrecorded. Files written by the
-first layout (`user_version` 0) are migrated when opened.
+The layout is chosen for the write per event, the store's main cost: both tables are `WITHOUT ROWID` (one B-tree each,
+no separate primary-key index), `handled` has no index on `at` (only pruning reads it, in the background), and whether
+an event is the newest of its type is decided from memory. A newest event is staged, and written with the next commit of
+this store: the next `record` (its own handler's, usually; with several jobs' lanes running, possibly another event's)
+or the `flush` the runtime calls before acking an event no handler recorded. So an event costs one primary-key read and
+one commit, and none is acked before its observation is in the file. Deferring the write loses nothing: until the event
+is acked the broker redelivers it, and observing it again decides the same. A commit that fails keeps what was staged
+for the next one, so while the file cannot be written (a full disk), every event fails and is handed back rather than
+any being acked unrecorded. Files written by the first layout (`user_version` 0) are migrated when opened.
 """
 
 from __future__ import annotations

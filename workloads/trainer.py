@@ -291,7 +291,7 @@ class TrainingRun:
 
         Afterwards `model` is the plain module: the DDP/FSDP wrappers (and the HSDP mesh) hold process groups, and
         dropping them here lets gloo's threads be joined now rather than during interpreter shutdown, where a
-        late teardown has been seen to abort a worker that had already checkpointed and said goodbye.
+        late teardown can abort a worker that has already checkpointed and said goodbye.
         """
         if self._closed or not self._started:
             return
