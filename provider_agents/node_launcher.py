@@ -1,16 +1,21 @@
 """The node launcher: each host agent runs its host's torchrun node for every job the desired state places there.
 
+It owns the middle of the chain agreement -> epoch -> desired state -> launcher -> trainer resume. Before it, the
+control plane: whatever changes a job's node set or plan (an accepted negotiation, a host down, a hung node)
+bumps the job's placement *epoch* in the same transaction and writes the desired state of every host the job uses
+or used. Here, every host of the job sees a new `NodeSpec` (keyed by epoch, size, plan, entrypoint and rendezvous
+endpoint), stops its old node and starts one into a fresh rendezvous (`--rdzv-id <tenant>.<job>.e<epoch>`) sized
+exactly to the job's node count (`--nnodes=N:N`), so the rendezvous closes as soon as the N nodes arrive instead of
+waiting out torchrun's last-call and keep-alive timeouts. The store is the provider's (`rendezvous_host`), reached as
+a client (`is_host=0`), so no worker host's death can take it down. After it, the trainer (`workloads`) resumes from
+the job's latest checkpoint, resharded to the new world size and plan.
+
 Level-triggered, like the rest of the agent: every pass compares what runs with what the host's assignment asks
 for and converges, so a restarted agent adopts the nodes that are still healthy instead of restarting them (each
 node's pid and spec are kept in `<work_dir>/jobs/<tenant>.<job>/node.json`; a process is only adopted if it still
 carries the node's environment marker, so a recycled pid is never mistaken for a node, and only if that marker is
-this cloud's: another cloud on the machine may run nodes of the same host, tenant and job names).
-
-A node is keyed by its *epoch* (and size, plan, entrypoint, rendezvous endpoint). The control plane bumps a job's
-epoch whenever its node set or plan changes, and every host of the job restarts its node into a fresh rendezvous
-(`--rdzv-id <tenant>.<job>.e<epoch>`) sized exactly to the job's node count (`--nnodes=N:N`), so the rendezvous
-closes as soon as the N nodes arrive instead of waiting out torchrun's last-call and keep-alive timeouts. The store
-is the provider's (`rendezvous_host`), reached as a client (`is_host=0`), so no worker host's death can take it down.
+this cloud's: another cloud on the machine may run nodes of the same host, tenant and job names). Each node's record
+changes state only through `node_lifecycle`'s transition table, and every transition is logged.
 
 How a node leaves an epoch depends on why (`AssignedJob.restart`): `graceful` (agreements) sends SIGTERM to torchrun,
 which forwards it; the job's runtime agrees on a step, checkpoints and exits 0; after `grace_s` whatever is left is
@@ -65,6 +70,7 @@ from harmonaize.node_failures import NodeFailureReason, NodeFailureReport
 from harmonaize.pseudonyms import locality_pseudonym
 from provider_agents.hang_detector import HangBounds, HangDetector
 from provider_agents.markers import host_prefix, node_marker
+from provider_agents.node_lifecycle import NodeEvent, NodeState, next_state
 from provider_agents.node_watch import clear_liveness, read_liveness
 from provider_agents.processes import alive, marked_processes, signal_marked
 from provider_agents.warm_torchrun import WarmTorchrun, node_env
@@ -97,9 +103,9 @@ class LauncherConfig:
     monitor_interval_s: float = 0.5
     extra_env: Mapping[str, str] = field(default_factory=dict)
     warm: bool = True
+    """Keep a torchrun agent with torch already imported, ready to become the next node (`warm_torchrun`)."""
     hang_bounds: HangBounds = HangBounds()
     """When a running node counts as hung (`hang_detector`)."""
-    """Keep a torchrun agent with torch already imported, ready to become the next node (`warm_torchrun`)."""
 
 
 @dataclass(frozen=True)
@@ -130,17 +136,25 @@ class _Node:
     failures: int = 0
     agent_marker: str | None = None
     """The marker in the torchrun agent's own environment when it was a warm process (its workers carry `marker`)."""
-    settled: bool = False
+    state: NodeState = NodeState.PLACED
+    """Where the node is in its lifecycle; changed only by `advance` (a record replacing another starts from the
+    other's state, so one job's node on this host follows one path through the table)."""
     detector: HangDetector | None = None
     failure: NodeFailureReport | None = None
     """Why the node failed in its epoch (hung and killed, or out of restarts); sent until the control plane has it."""
     failure_sent: bool = False
-    """Exited and dealt with (finished, or out of restarts): nothing more to do until the epoch moves on."""
 
     def running(self) -> bool:
         if self.process is not None:
             return self.process.returncode is None
         return alive(self.pid)
+
+    def advance(self, event: NodeEvent, host: str, detail: str) -> None:
+        """Move to the state the transition table gives for `event`, or raise (InvalidNodeTransitionError)."""
+        state = next_state(self.state, event)
+        log.info("host %s: %s/%s epoch %d: %s -> %s (%s: %s)", host, self.spec.tenant, self.spec.job,
+                 self.spec.epoch, self.state.value, state.value, event.value, detail)
+        self.state = state
 
 
 class NodeLauncher:
@@ -199,11 +213,10 @@ class NodeLauncher:
                             marker, state_file, mine)
                 continue
             if pid in marked_processes(agent_marker or marker):
-                self._nodes[(spec.tenant, spec.job)] = _Node(
-                    spec=spec, pid=pid, marker=marker, agent_marker=agent_marker
-                )
+                node = _Node(spec=spec, pid=pid, marker=marker, agent_marker=agent_marker)
+                node.advance(NodeEvent.ADOPT, self.config.host, f"adopted running node {marker} (pid {pid})")
+                self._nodes[(spec.tenant, spec.job)] = node
                 self.adopted += 1
-                log.info("adopted running node %s (pid %d)", marker, pid)
 
     def _save_state(self, node: _Node) -> None:
         path = self.control_dir(node.spec.tenant, node.spec.job) / "node.json"
@@ -234,7 +247,7 @@ class NodeLauncher:
             self.prewarm()
         for key in [key for key in self._nodes if key not in wanted and key not in self._busy]:
             node = self._nodes.pop(key)
-            self._spawn(key, self._stop(node, RestartMode.GRACEFUL))
+            self._spawn(key, self._leave(node, RestartMode.GRACEFUL, "no longer placed here"))
         for key, job in wanted.items():
             self._write_directives(job)
             if key in self._busy:
@@ -255,9 +268,10 @@ class NodeLauncher:
             existing = self._nodes.get(key)
             if existing is None:
                 self._spawn(key, self._start(spec, job, group))
-            elif existing.spec != spec:
+            elif existing.spec != spec or existing.state in (NodeState.STOPPING, NodeState.STOPPED):
+                # a new spec; or a stop or the next start failed last time: stop again (a no-op if it is gone), start
                 self._spawn(key, self._replace(existing, spec, job, group))
-            elif not existing.running() and not existing.settled:
+            elif not existing.running() and not existing.state.settled:
                 self._spawn(key, self._after_exit(existing, job, group))
 
     def _spawn(self, key: tuple[str, str], work: Awaitable[None]) -> None:
@@ -281,29 +295,34 @@ class NodeLauncher:
             "host %s: %s/%s epoch %d -> %d (%s restart)",
             self.config.host, spec.tenant, spec.job, node.spec.epoch, spec.epoch, job.restart.value,
         )
-        await self._stop(node, job.restart)
-        await self._start(spec, job, group)
+        await self._leave(node, job.restart, f"{job.restart.value} restart into epoch {spec.epoch}")
+        await self._start(spec, job, group, previous=node)
 
     async def _after_exit(self, node: _Node, job: AssignedJob, group: str) -> None:
         code = node.process.returncode if node.process is not None else None
-        if code == 0:
-            node.settled = True  # the job finished (or stopped cleanly) in this epoch: nothing to restart
-            log.info("host %s: node %s finished", self.config.host, node.marker)
+        if code == 0:  # the job finished (or stopped cleanly) in this epoch: nothing to restart
+            node.advance(NodeEvent.EXIT_OK, self.config.host, f"node {node.marker} finished")
             return
         if node.failures >= self.config.max_restarts:
-            node.settled = True
             log.error("host %s: node %s failed %d times; giving up until the next epoch",
                       self.config.host, node.marker, node.failures + 1)
+            node.advance(NodeEvent.GIVE_UP, self.config.host, f"exit code {code}, {node.failures + 1} failures")
             node.failure = self._failure_report(
                 node, NodeFailureReason.OUT_OF_RESTARTS, detail=f"exit code {code}, {node.failures + 1} failures"
             )
             return
         log.warning("host %s: node %s exited with %s; restarting", self.config.host, node.marker, code)
         failures = node.failures + 1
+        node.advance(NodeEvent.CRASH, self.config.host, f"exit code {code}, restart {failures} of "
+                     f"{self.config.max_restarts}")
         await asyncio.sleep(min(0.5 * failures, 5.0))
-        await self._start(node.spec, job, group, failures=failures)
+        await self._start(node.spec, job, group, failures=failures, previous=node)
 
-    async def _start(self, spec: NodeSpec, job: AssignedJob, group: str, *, failures: int = 0) -> None:
+    async def _start(
+        self, spec: NodeSpec, job: AssignedJob, group: str, *, failures: int = 0, previous: _Node | None = None
+    ) -> None:
+        """Spawn the node for `spec`; `previous`: the record it replaces (stopped, or restarting), whose state it
+        continues from."""
         control = self.control_dir(spec.tenant, spec.job)
         control.mkdir(parents=True, exist_ok=True)
         clear_liveness(control)
@@ -359,7 +378,9 @@ class NodeLauncher:
         node = _Node(
             spec=spec, pid=process.pid, marker=marker, process=process, failures=failures,
             agent_marker=warm.marker if warm is not None else None,
+            state=previous.state if previous is not None else NodeState.PLACED,
         )
+        node.advance(NodeEvent.START, self.config.host, f"pid {process.pid}")
         self._nodes[(spec.tenant, spec.job)] = node
         self._save_state(node)
         self.starts += 1
@@ -367,6 +388,12 @@ class NodeLauncher:
             "host %s: started %s/%s epoch %d: %d worker(s), %d node(s), plan %s (pid %d)",
             self.config.host, spec.tenant, spec.job, spec.epoch, spec.workers, spec.nodes, spec.plan, process.pid,
         )
+
+    async def _leave(self, node: _Node, mode: RestartMode, why: str) -> None:
+        """Stop the node on the launcher's order (a new spec, no placement here, the agent stopping its nodes)."""
+        node.advance(NodeEvent.STOP, self.config.host, why)
+        await self._stop(node, mode)
+        node.advance(NodeEvent.STOPPED, self.config.host, "no process of it left")
 
     def _kill(self, node: _Node) -> None:
         signal_marked(node.marker, signal.SIGKILL)
@@ -422,7 +449,7 @@ class NodeLauncher:
         await self.settle()
         if stop_nodes:
             for key in list(self._nodes):
-                await self._stop(self._nodes.pop(key), RestartMode.GRACEFUL)
+                await self._leave(self._nodes.pop(key), RestartMode.GRACEFUL, "the agent stops its nodes")
 
     # -- files shared with the job -------------------------------------------------------------------------------
 
@@ -474,7 +501,7 @@ class NodeLauncher:
         many reports went out.
         """
         for key, node in list(self._nodes.items()):
-            if key in self._busy or node.settled or not node.running():
+            if key in self._busy or node.state not in (NodeState.STARTING, NodeState.RUNNING) or not node.running():
                 continue
             if node.detector is None:
                 node.detector = HangDetector(self.config.hang_bounds)
@@ -482,11 +509,13 @@ class NodeLauncher:
             records = read_liveness(
                 self.control_dir(*key), tenant=spec.tenant, job=spec.job, epoch=spec.epoch, marker=node.marker
             )
+            if records and node.state is NodeState.STARTING:
+                node.advance(NodeEvent.BEATING, self.config.host, f"{len(records)} worker(s) beating")
             verdict = node.detector.observe(records)
             if verdict is None:
                 continue
             log.error("host %s: node %s is hung: %s; killing it", self.config.host, node.marker, verdict.describe())
-            node.settled = True
+            node.advance(NodeEvent.HANG, self.config.host, verdict.reason.value)
             node.failure = self._failure_report(node, verdict.reason, step=verdict.step, detail=verdict.describe())
             self._spawn(key, self._stop(node, RestartMode.IMMEDIATE))
         return await self._send_failures()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from harmonaize.node_failures import NodeFailureReason, NodeFailureReport
 from provider_agents.hang_detector import HangBounds
 from provider_agents.node_launcher import NodeLauncher
 from provider_agents.processes import marked_processes
-from tests.agents.test_node_launcher import SECRET, Rig, _assignment, _converge, _job
+from tests.agents.test_node_launcher import SECRET, Rig, _assignment, _converge, _job, node_states
 from tests.support import eventually
 
 BOUNDS = HangBounds(frozen_floor_s=1.0, stalled_floor_s=2.0)
@@ -66,7 +67,10 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Rig:
     return Rig(tmp_path, monkeypatch)
 
 
-async def test_a_frozen_node_is_killed_reported_once_and_not_restarted_in_its_epoch(rig: Rig) -> None:
+async def test_a_frozen_node_is_killed_reported_once_and_not_restarted_in_its_epoch(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="provider_agents.node_launcher")
     reports = Reports()
     launcher = watched(rig, reports)
     await _converge(launcher, _assignment(_job(epoch=1)))
@@ -95,9 +99,17 @@ async def test_a_frozen_node_is_killed_reported_once_and_not_restarted_in_its_ep
     await eventually(lambda: len(rig.starts()) == 2, what="the next epoch's node")
     assert not liveness_path(launcher.control_dir("acme", "train"), 0).exists(), "a new node starts with no beats"
     await launcher.shutdown(stop_nodes=True)
+    assert node_states(caplog) == [  # killed, the hung node stays `hung` until the next epoch replaces it
+        (1, "placed", "starting"), (1, "starting", "running"), (1, "running", "hung"),
+        (1, "hung", "stopping"), (1, "stopping", "stopped"), (2, "stopped", "starting"),
+        (2, "starting", "stopping"), (2, "stopping", "stopped"),
+    ]
 
 
-async def test_a_beating_node_is_left_alone_and_stale_or_foreign_beats_are_ignored(rig: Rig) -> None:
+async def test_a_beating_node_is_left_alone_and_stale_or_foreign_beats_are_ignored(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="provider_agents.node_launcher")
     reports = Reports()
     launcher = watched(rig, reports)
     await _converge(launcher, _assignment(_job(epoch=1)))
@@ -121,11 +133,15 @@ async def test_a_beating_node_is_left_alone_and_stale_or_foreign_beats_are_ignor
         await asyncio.sleep(0.1)
     assert reports.taken == [] and launcher.running_nodes()
     await launcher.shutdown(stop_nodes=True)
+    assert node_states(caplog) == [
+        (1, "placed", "starting"), (1, "starting", "running"), (1, "running", "stopping"), (1, "stopping", "stopped"),
+    ]
 
 
 async def test_a_node_out_of_restarts_is_reported_and_resent_until_taken(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="provider_agents.node_launcher")
     monkeypatch.setenv("HZ_FAKE_EXIT", "3")
     reports = Reports()
     reports.fail = 2
@@ -145,3 +161,8 @@ async def test_a_node_out_of_restarts_is_reported_and_resent_until_taken(
     await launcher.watch()
     assert len(reports.taken) == 1
     await launcher.shutdown(stop_nodes=True)
+    restarts = [(1, "starting", "restarting"), (1, "restarting", "starting")] * launcher.config.max_restarts
+    assert node_states(caplog) == [
+        (1, "placed", "starting"), *restarts, (1, "starting", "given_up"),
+        (1, "given_up", "stopping"), (1, "stopping", "stopped"),
+    ]

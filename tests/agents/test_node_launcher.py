@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import shlex
 import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +38,7 @@ SECRET = b"launcher-test-secret"
 def _job(epoch: int = 1, *, nodes: int = 2, workers: int = 1, restart: RestartMode = RestartMode.GRACEFUL,
          directives: Directives | None = None, plan: str = "ddp") -> AssignedJob:
     return AssignedJob(
-        tenant="acme", job="train", workers=workers, gpus=workers, parallel_plan=plan,  # type: ignore[arg-type]
+        tenant="acme", job="train", workers=workers, gpus=workers, parallel_plan=plan,
         entrypoint=("-m", "workloads.examples.mlp"), epoch=epoch, nodes=nodes, restart=restart,
         directives=directives or Directives(),
     )
@@ -80,7 +83,7 @@ class Rig:
     async def _progress(self, progress: JobProgress) -> None:
         self.progress.append(progress)
 
-    def starts(self) -> list[dict[str, object]]:
+    def starts(self) -> list[dict[str, Any]]:
         if not self.record.exists():
             return []
         return [json.loads(line) for line in self.record.read_text().splitlines()]
@@ -94,6 +97,19 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Rig:
 async def _converge(launcher: NodeLauncher, assignment: HostAssignment | None) -> None:
     await launcher.converge(assignment)
     await launcher.settle()
+
+
+_TRANSITION = re.compile(r"^host h1: acme/train epoch (\d+): (\w+) -> (\w+) ")
+
+
+def node_states(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str, str]]:
+    """(epoch, from, to) of every state change of the acme/train node the launcher logged, in order (the test must
+    have set the launcher's logger to INFO first)."""
+    return [
+        (int(match[1]), match[2], match[3])
+        for record in caplog.records
+        if record.name == "provider_agents.node_launcher" and (match := _TRANSITION.match(record.getMessage()))
+    ]
 
 
 async def test_one_exactly_sized_node_per_epoch_with_its_spec(rig: Rig) -> None:
@@ -114,7 +130,10 @@ async def test_one_exactly_sized_node_per_epoch_with_its_spec(rig: Rig) -> None:
     await launcher.shutdown(stop_nodes=True)
 
 
-async def test_a_new_epoch_stops_gracefully_then_starts_and_leaves_no_orphans(rig: Rig) -> None:
+async def test_a_new_epoch_stops_gracefully_then_starts_and_leaves_no_orphans(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="provider_agents.node_launcher")
     launcher = rig.launcher()
     await _converge(launcher, _assignment(_job(epoch=1)))
     await eventually(lambda: len(rig.starts()) == 1, what="epoch 1 started")
@@ -126,6 +145,11 @@ async def test_a_new_epoch_stops_gracefully_then_starts_and_leaves_no_orphans(ri
     second = rig.starts()[1]
     assert "--nnodes=3:3" in second["args"] and "--rdzv-id=acme.train.e2" in second["args"]
     await launcher.shutdown(stop_nodes=True)
+    assert node_states(caplog) == [  # no watch runs here, so no beat is seen: the nodes stay `starting`
+        (1, "placed", "starting"), (1, "starting", "stopping"), (1, "stopping", "stopped"),
+        (2, "stopped", "starting"), (2, "starting", "stopping"), (2, "stopping", "stopped"),
+    ]
+    assert "stopping (stop: graceful restart into epoch 2)" in caplog.text
 
 
 async def test_an_immediate_restart_does_not_wait_for_the_grace_period(
@@ -201,7 +225,7 @@ async def test_directives_are_handed_over_and_progress_relayed_once_per_change(r
     await _converge(launcher, _assignment(_job(epoch=1, directives=directives)))
     control = launcher.control_dir("acme", "train")
     assert read_model(control / "directives.json", Directives) == directives
-    progress = JobProgress(tenant="acme", job="train", epoch=1, step=7, world_size=2, parallel_plan="ddp",  # type: ignore[arg-type]
+    progress = JobProgress(tenant="acme", job="train", epoch=1, step=7, world_size=2, parallel_plan="ddp",
                            checkpoint_interval_steps=10, batch_size=32, updated_at=datetime.now(UTC))
     write_model_atomically(control / CONTROL_PROGRESS_FILE, progress)
     assignment = _assignment(_job(epoch=1, directives=directives))
@@ -255,7 +279,7 @@ async def test_a_warm_torchrun_becomes_the_next_node_with_its_arguments_and_mark
     assert launcher.warm_starts == 1
     node = launcher._nodes[("acme", "train")]
     assert node.pid == warm_pid and node.agent_marker is not None
-    await eventually(lambda: out.exists() and out.read_text().strip(), timeout=60, what="the worker ran")
+    await eventually(lambda: out.exists() and bool(out.read_text().strip()), timeout=60, what="the worker ran")
     marker, rank, spec = out.read_text().split()
     assert (marker, rank) == (f"{cloud}.h1.acme.train.e4", "0") and spec.endswith("spec-e4.json")
     assert node.agent_marker.startswith(host_prefix(cloud, "h1")), "the warm agent carries this cloud's marker too"
