@@ -29,16 +29,7 @@ from broker_config.streams import ACK_WAIT_BOUNDS_S, ACK_WAIT_S
 from harmonaize.events import EventKind
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
 from harmonaize.jobs import Compression, ParallelPlan
-from harmonaize.negotiation import (
-    MAX_OPTIONS,
-    Actor,
-    NegotiationKind,
-    NegotiationState,
-    NegotiationTerms,
-    Offer,
-    OfferOption,
-    RoundAction,
-)
+from harmonaize.negotiation import MAX_OPTIONS
 
 MAX_INT = 1_000_000_000
 """Upper bound for counts and step numbers: far beyond any real job, far below a 32-bit column's limit."""
@@ -337,45 +328,3 @@ class CloseBody(_Body):
     """`POST /v1/negotiations/{id}/reject` or `/cancel`: an optional reason, kept in the round's note."""
 
     reason: DisplayText | None = None
-
-
-class RoundPublic(BaseModel):
-    """One step of a negotiation: who did what and when, with the terms or offer of that step."""
-
-    round: int
-    actor: Actor
-    action: RoundAction
-    at: datetime
-    terms: NegotiationTerms | None
-    offer: Offer | None
-    option: int | None
-    note: str | None
-
-
-class NegotiationSummary(BaseModel):
-    """A negotiation's current state (a list item); `accepted_option` is the option taken, once accepted."""
-
-    id: str
-    job: str
-    kind: NegotiationKind
-    state: NegotiationState
-    round: int
-    terms: NegotiationTerms
-    offer: Offer | None
-    accepted_option: OfferOption | None
-    created_at: datetime
-    updated_at: datetime
-
-
-class NegotiationPublic(NegotiationSummary):
-    """A negotiation with every round, oldest first."""
-
-    rounds: list[RoundPublic]
-
-
-class NegotiationPage(BaseModel):
-    """Newest first; pass `next_cursor` as `cursor` for the next page (null: no more)."""
-
-    items: list[NegotiationSummary]
-    next_cursor: str | None
-

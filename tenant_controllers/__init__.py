@@ -21,6 +21,8 @@ controller wrong. Layout: `controller` (declarations), `runtime` (delivery, lane
 `store` (de-duplication), `sources`/`nats_source`/`memory` (transports), `api_client`/`job`/`offer` (negotiation).
 """
 
+from harmonaize.rest import NegotiationPublic as Negotiation
+from harmonaize.rest import RoundPublic as Round
 from tenant_controllers.controller import Controller
 from tenant_controllers.errors import (
     ApiError,
@@ -36,7 +38,6 @@ from tenant_controllers.errors import (
     TemporaryError,
 )
 from tenant_controllers.job import Job
-from tenant_controllers.models import Negotiation, Round
 from tenant_controllers.offer import Offer
 
 __all__ = [

@@ -27,6 +27,7 @@ import httpx
 from harmonaize.events import EventKind
 from harmonaize.ids import validate_id
 from harmonaize.negotiation import NegotiationKind, NegotiationState, NegotiationTerms
+from harmonaize.rest import NegotiationPage, NegotiationPublic, NegotiationSummary
 from tenant_controllers.errors import (
     ApiError,
     ApiUnavailableError,
@@ -36,7 +37,6 @@ from tenant_controllers.errors import (
     NotFoundError,
 )
 from tenant_controllers.idempotency import current_traceparent, new_idempotency_key
-from tenant_controllers.models import Negotiation, NegotiationPage
 
 __all__ = ["EventConsumerInfo", "ProviderApi"]
 
@@ -128,7 +128,7 @@ class ProviderApi:
         kind: NegotiationKind,
         terms: NegotiationTerms,
         idempotency_key: str | None = None,
-    ) -> Negotiation:
+    ) -> NegotiationPublic:
         """`POST /v1/negotiations`; every resend carries the same `Idempotency-Key`."""
         body = {
             "job": validate_id("job", job),
@@ -137,18 +137,18 @@ class ProviderApi:
         }
         key = idempotency_key or new_idempotency_key("POST /v1/negotiations", body)
         reply = await self._request("POST", "/v1/negotiations", json=body, headers={IDEMPOTENCY_HEADER: key})
-        return Negotiation.model_validate(reply.json())
+        return NegotiationPublic.model_validate(reply.json())
 
-    async def get_negotiation(self, negotiation_id: str) -> Negotiation:
+    async def get_negotiation(self, negotiation_id: str) -> NegotiationPublic:
         reply = await self._request("GET", f"/v1/negotiations/{_path_token(negotiation_id)}")
-        return Negotiation.model_validate(reply.json())
+        return NegotiationPublic.model_validate(reply.json())
 
     async def act(
         self,
-        negotiation: Negotiation,
+        negotiation: NegotiationSummary,
         action: str,
         body: Mapping[str, Any] | None = None,
-    ) -> Negotiation:
+    ) -> NegotiationPublic:
         """`POST /v1/negotiations/{id}/{action}` on the round we read; never applied twice (see the module doc)."""
         if action not in {"accept", "counter", "reject", "cancel"}:
             raise ValueError(f"unknown negotiation action {action!r}")
@@ -168,7 +168,7 @@ class ProviderApi:
             except _Ambiguous as exc:
                 ambiguous = exc.error
                 continue
-            return Negotiation.model_validate(reply.json())
+            return NegotiationPublic.model_validate(reply.json())
         assert ambiguous is not None
         raise ambiguous
 
@@ -181,8 +181,9 @@ class ProviderApi:
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int = 100,
-    ) -> AsyncIterator[Negotiation]:
-        """Every negotiation matching the filters, following `next_cursor` page by page."""
+    ) -> AsyncIterator[NegotiationSummary]:
+        """Every negotiation matching the filters, following `next_cursor` page by page (each one's current state;
+        `get_negotiation` has its rounds)."""
         params: dict[str, str] = {"limit": str(limit)}
         optional = {
             "job": job,
@@ -262,7 +263,7 @@ def _path_token(value: str) -> str:
     return value
 
 
-def _moved_on(before: Negotiation, now: Negotiation) -> bool:
+def _moved_on(before: NegotiationSummary, now: NegotiationSummary) -> bool:
     return now.state is not before.state or now.round != before.round
 
 

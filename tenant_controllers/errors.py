@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tenant_controllers.models import Negotiation
+    from harmonaize.rest import NegotiationPublic
 
 __all__ = [
     "ApiError",
@@ -109,7 +109,7 @@ class ConflictError(ApiError):
 class Declined(PermanentError):
     """The provider can offer nothing inside the requested range; `negotiation` is the declined negotiation."""
 
-    def __init__(self, negotiation: Negotiation) -> None:
+    def __init__(self, negotiation: NegotiationPublic) -> None:
         last = negotiation.rounds[-1].note if negotiation.rounds and negotiation.rounds[-1].note else ""
         detail = f": {last}" if last else ""
         super().__init__(f"negotiation {negotiation.id} for job {negotiation.job} was declined{detail}")

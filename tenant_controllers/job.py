@@ -38,10 +38,10 @@ from typing import Any, TypeVar
 from harmonaize.events import EventData
 from harmonaize.jobs import ParallelPlan
 from harmonaize.negotiation import NegotiationKind, NegotiationState, NegotiationTerms
+from harmonaize.rest import NegotiationSummary
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.errors import Declined
 from tenant_controllers.idempotency import current_failed_host
-from tenant_controllers.models import Negotiation
 from tenant_controllers.offer import Offer
 from tenant_controllers.terms import WorkerBounds, build_terms
 
@@ -293,8 +293,9 @@ class Job:
         kind: NegotiationKind | str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> AsyncIterator[Negotiation]:
-        """This job's negotiation history (every round of each), oldest first as the provider pages it."""
+    ) -> AsyncIterator[NegotiationSummary]:
+        """This job's negotiations, in the order the provider pages them (each one's current state; its rounds are
+        in `ProviderApi.get_negotiation`)."""
         return self._api.list_negotiations(job=self.id, state=state, kind=kind, since=since, until=until)
 
     async def open_offers(self) -> list[Offer]:

@@ -16,9 +16,9 @@ from datetime import datetime, timedelta
 
 from harmonaize.jobs import ParallelPlan
 from harmonaize.negotiation import NegotiationKind, NegotiationState, NegotiationTerms, OfferOption
+from harmonaize.rest import NegotiationSummary
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.errors import ConflictError, Declined
-from tenant_controllers.models import Negotiation
 from tenant_controllers.terms import WorkerBounds, build_terms
 
 __all__ = ["Offer"]
@@ -28,7 +28,7 @@ class Offer:
     """The provider's current offer in one negotiation."""
 
     def __init__(
-        self, negotiation: Negotiation, *, api: ProviderApi, on_change: Callable[[], None] | None = None
+        self, negotiation: NegotiationSummary, *, api: ProviderApi, on_change: Callable[[], None] | None = None
     ) -> None:
         self._negotiation = negotiation
         self._api = api
@@ -42,8 +42,9 @@ class Offer:
         )
 
     @property
-    def negotiation(self) -> Negotiation:
-        """Everything the provider reported, rounds included."""
+    def negotiation(self) -> NegotiationSummary:
+        """Everything the provider last reported: a `NegotiationPublic` with its rounds after a request, an answer or
+        a refresh; a listed summary (no rounds) for a handle from `Job.open_offers` until then."""
         return self._negotiation
 
     @property
@@ -187,13 +188,8 @@ class Offer:
         accepted = self._negotiation.accepted_option
         options = self.options
         wanted = options[index] if 0 <= index < len(options) else None
-        if isinstance(accepted, int):
-            same = accepted == index
-            accepted = options[accepted] if 0 <= accepted < len(options) else wanted
-        else:
-            same = accepted is None or wanted is None or accepted == wanted
-        if not same:
+        if not (accepted is None or wanted is None or accepted == wanted):
             raise ConflictError(
                 f"negotiation {self.id} was already accepted with another option", status=None, url="accept"
             )
-        return accepted if isinstance(accepted, OfferOption) else wanted
+        return accepted if accepted is not None else wanted

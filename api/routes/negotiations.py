@@ -13,12 +13,13 @@ from fastapi.responses import JSONResponse
 from pydantic import StringConstraints
 
 from api.deps import CurrentTenant, NegotiationContextDep, SessionDep, WakeRelayDep
-from api.schemas import AcceptBody, CloseBody, NegotiationPage, NegotiationPublic
+from api.schemas import AcceptBody, CloseBody
 from api.services import negotiations as service
 from api.services.negotiation_history import MAX_PAGE, HistoryFilter, get_negotiation, list_negotiations
 from api.services.negotiation_store import public, summary
 from harmonaize.ids import JobId
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms
+from harmonaize.rest import NegotiationPage, NegotiationPublic
 from harmonaize.times import UtcDatetime
 
 router = APIRouter(tags=["negotiations"])

@@ -19,12 +19,12 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import rows_matched
 from api.models import Negotiation, NegotiationRound
-from api.schemas import NegotiationPublic, NegotiationSummary, RoundPublic
 from api.services.errors import NotFoundError
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
 from api.services.outbox import enqueue_tenant_event
 from harmonaize.events import NegotiationUpdate
 from harmonaize.negotiation import NegotiationState, NegotiationTerms, Offer, OfferOption, RoundAction
+from harmonaize.rest import NegotiationPublic, NegotiationSummary, RoundPublic
 
 NOT_FOUND = "negotiation not found"
 

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from harmonaize.negotiation import OfferOption
-from tenant_controllers.models import Negotiation
+from harmonaize.rest import NegotiationPublic
 
 __all__ = ["Answer", "FakeProvider", "Policy", "ScriptedFault", "decline", "offer"]
 
@@ -47,7 +47,7 @@ class Answer:
         return not self.options
 
 
-Policy = Callable[[Negotiation], Answer]
+Policy = Callable[[NegotiationPublic], Answer]
 """Decides the answer from the negotiation as it stands (its kind, job, round and current terms)."""
 
 
@@ -136,11 +136,11 @@ class FakeProvider:
         """The POST requests sent to `path` (resends included)."""
         return [r for r in self.requests if r.method == "POST" and r.url.path == path]
 
-    def negotiation(self, negotiation_id: str) -> Negotiation:
+    def negotiation(self, negotiation_id: str) -> NegotiationPublic:
         """A negotiation as it stands now, every round included."""
-        return Negotiation.model_validate(self.negotiations[negotiation_id])
+        return NegotiationPublic.model_validate(self.negotiations[negotiation_id])
 
-    async def next_negotiation(self, timeout: float = 5.0) -> Negotiation:
+    async def next_negotiation(self, timeout: float = 5.0) -> NegotiationPublic:
         """The next negotiation the controller opened (waiting up to `timeout` s), as the provider first answered it.
 
         Each call returns the next one in order, so a test reads them one by one; `negotiation(id)` shows what became
@@ -152,7 +152,7 @@ class FakeProvider:
                 raise TimeoutError(f"the controller opened no new negotiation within {timeout} s")
             await asyncio.sleep(0.005)
         self._taken += 1
-        return Negotiation.model_validate(self.opened[self._taken - 1])
+        return NegotiationPublic.model_validate(self.opened[self._taken - 1])
 
     # -- dispatch ----------------------------------------------------------------------------------------------------
 
@@ -251,7 +251,7 @@ class FakeProvider:
 
     def _policy(self, negotiation: dict[str, Any]) -> Answer:
         assert self.policy is not None
-        return self.policy(Negotiation.model_validate(negotiation))
+        return self.policy(NegotiationPublic.model_validate(negotiation))
 
     def _answer(self, negotiation: dict[str, Any]) -> None:
         """Answer the current round: offer the options decided on, or decline."""
