@@ -1,7 +1,7 @@
 """One error shape for every failure: `{"reason": "...", "errors": [{"field": "body.min_workers", "message": ...}]}`.
 
 Validation errors name the field as `<where>.<path>` (`path.job_id`, `body.batch_size.min`), so a client can point at
-what to fix; a cross-field check raised at model level names its field in the error's ctx (`schemas.check_ordered`).
+what to fix; a cross-field check raised at model level names its field in the error's ctx (`ranges.check_ordered`).
 Domain errors from the services map to statuses here, keeping HTTP out of the services. Integrity errors
 the services did not anticipate (a race on a unique key) are conflicts, not crashes; a pool timeout is a 503, and so
 is a database that cannot be reached (refused, reset or timed-out connections while it restarts or is away): the API

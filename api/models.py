@@ -38,8 +38,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from harmonaize.desired_state import RestartMode
-from harmonaize.events.directive import DirectiveState
-from harmonaize.jobs import ParallelPlan
+from harmonaize.jobs import DirectiveState, ParallelPlan
 from harmonaize.negotiation import Actor, NegotiationKind, NegotiationState, RoundAction
 
 ID_LENGTH = 63

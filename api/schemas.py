@@ -30,6 +30,7 @@ from harmonaize.events import EventKind
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
 from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.negotiation import MAX_OPTIONS
+from harmonaize.ranges import IntRange, check_ordered
 
 MAX_INT = 1_000_000_000
 """Upper bound for counts and step numbers: far beyond any real job, far below a 32-bit column's limit."""
@@ -45,17 +46,6 @@ LocalityGroup = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 EntrypointArg = Annotated[str, StringConstraints(min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]*$")]
 MAX_ENTRYPOINT_ARGS = 64
 AllocationId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
-
-
-def check_ordered(low: int, high: int, *, low_field: str, high_field: str) -> None:
-    """Refuse low > high, blaming `low_field`: the error's ctx names the field, and the API's error handler appends
-    it to the location, so the 422 says `body.min_workers` rather than just `body`."""
-    if low > high:
-        raise PydanticCustomError(
-            "range_order",
-            "{low_field} ({low}) must be <= {high_field} ({high})",
-            {"field": low_field, "low_field": low_field, "high_field": high_field, "low": low, "high": high},
-        )
 
 
 class _Body(BaseModel):
@@ -109,18 +99,6 @@ class TenantCreated(TenantPublic):
 
     api_token: str
     nats: NatsCredentialsPublic
-
-
-class IntRange(_Body):
-    """An inclusive range the provider may choose from; min == max pins the value."""
-
-    min: int = Field(ge=1, le=MAX_INT)
-    max: int = Field(ge=1, le=MAX_INT)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        check_ordered(self.min, self.max, low_field="min", high_field="max")
-        return self
 
 
 class GradientCompression(_Body):

@@ -26,12 +26,13 @@ import tempfile
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Self, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from harmonaize.ids import JobId, TenantId
-from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.jobs import Compression, DirectiveState, ParallelPlan
+from harmonaize.ranges import IntRange
 
 __all__ = [
     "CONTROL_DIRECTIVES_FILE",
@@ -44,11 +45,10 @@ __all__ = [
     "ENV_NODE_MARKER",
     "ENV_RUN_SPEC",
     "DirectiveOutcome",
-    "DirectiveStatus",
+    "DirectiveState",
     "Directives",
     "JobProgress",
     "JobRanges",
-    "Range",
     "WorkerSpec",
     "read_model",
     "violations",
@@ -76,31 +76,15 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Range(_Model):
-    """An inclusive integer range; min == max pins the value."""
-
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) is above max ({self.max})")
-        return self
-
-    def __contains__(self, value: object) -> bool:
-        return isinstance(value, int) and self.min <= value <= self.max
-
-
 class JobRanges(_Model):
     """What the tenant allowed the provider to change, as declared in the job spec."""
 
-    checkpoint_interval_steps: Range = Range(min=100, max=1000)
+    checkpoint_interval_steps: IntRange = IntRange(min=100, max=1000)
     compression_allowed: tuple[Compression, ...] = (Compression.NONE,)
     powersgd_max_rank: int | None = Field(default=None, ge=1)
-    batch_size: Range | None = None
+    batch_size: IntRange | None = None
     """Per rank and per micro-batch; None: the provider may not change it."""
-    gradient_accumulation: Range = Range(min=1, max=1)
+    gradient_accumulation: IntRange = IntRange(min=1, max=1)
 
 
 class Directives(_Model):
@@ -151,7 +135,7 @@ def violations(ranges: JobRanges, directives: Directives) -> list[str]:
     return problems
 
 
-def _outside(field: str, value: int, allowed: Range) -> str:
+def _outside(field: str, value: int, allowed: IntRange) -> str:
     return f"{field} {value} is outside the allowed range {allowed.min}..{allowed.max}"
 
 
@@ -170,16 +154,11 @@ class WorkerSpec(_Model):
     ranges: JobRanges = JobRanges()
 
 
-class DirectiveStatus(StrEnum):
-    APPLIED = "applied"
-    REFUSED = "refused"
-
-
 class DirectiveOutcome(_Model):
     """What the runtime did with one version of the directives, and at which step."""
 
     version: int = Field(ge=0, le=MAX_COUNT)
-    status: DirectiveStatus
+    status: Literal[DirectiveState.APPLIED, DirectiveState.REFUSED]
     step: int = Field(ge=0, le=MAX_COUNT)
     reasons: tuple[Annotated[str, Field(max_length=500)], ...] = Field(default=(), max_length=16)
 

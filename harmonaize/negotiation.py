@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from harmonaize.ids import JobId
 from harmonaize.jobs import ParallelPlan
+from harmonaize.ranges import MAX_WORKERS, WorkerRange
 from harmonaize.times import UtcDatetime
 
-MAX_WORKERS = 4096
 MAX_OPTIONS = 8
 MAX_REPLACE_HOSTS = 16
 HOST_PSEUDONYM_PATTERN = r"^h-[0-9a-f]{6,32}$"
@@ -75,17 +75,6 @@ class RoundAction(enum.StrEnum):
 
 class _Terms(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class WorkerRange(_Terms):
-    min: int = Field(ge=0, le=MAX_WORKERS)
-    max: int = Field(ge=0, le=MAX_WORKERS)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        if self.min > self.max:
-            raise ValueError("min must be <= max")
-        return self
 
 
 class Constraints(_Terms):

@@ -12,12 +12,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from harmonaize.jobs import ParallelPlan
-from harmonaize.negotiation import Constraints, NegotiationTerms, WorkerRange
+from harmonaize.negotiation import Constraints, NegotiationTerms
+from harmonaize.ranges import WorkerRange
 
 __all__ = ["WorkerBounds", "build_terms"]
 
-WorkerBounds = tuple[int, int]
-"""An inclusive (low, high) range of worker counts the tenant would accept."""
+WorkerBounds = tuple[int, int] | WorkerRange
+"""What `accept=` takes: an inclusive (low, high) pair of worker counts, the short form a handler writes, or the
+contract's `WorkerRange` itself (e.g. one read from an offer's terms). The name stays because handlers annotate
+with it."""
 
 
 def _when(value: datetime | timedelta | None) -> datetime | None:
@@ -45,7 +48,9 @@ def build_terms(
     constraints: dict[str, Any] = base.constraints.model_dump() if base is not None else {}
     if scale_to is not None:
         values["desired_workers"] = scale_to
-    if accept is not None:
+    if isinstance(accept, WorkerRange):
+        values["accept_workers"] = accept
+    elif accept is not None:
         low, high = accept
         values["accept_workers"] = WorkerRange(min=low, max=high)
     if plan is not None:

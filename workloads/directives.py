@@ -23,7 +23,7 @@ from harmonaize.job_runtime import (
     CONTROL_DIRECTIVES_FILE,
     DirectiveOutcome,
     Directives,
-    DirectiveStatus,
+    DirectiveState,
     JobRanges,
     violations,
 )
@@ -101,10 +101,10 @@ def decide(
     reasons = [reason[:MAX_REASON_CHARS] for reason in found[:MAX_REASONS]]
     if reasons:
         outcome = DirectiveOutcome(
-            version=directives.version, status=DirectiveStatus.REFUSED, step=step, reasons=tuple(reasons)
+            version=directives.version, status=DirectiveState.REFUSED, step=step, reasons=tuple(reasons)
         )
         return None, outcome
-    outcome = DirectiveOutcome(version=directives.version, status=DirectiveStatus.APPLIED, step=step)
+    outcome = DirectiveOutcome(version=directives.version, status=DirectiveState.APPLIED, step=step)
     return effective_settings(defaults, directives), outcome
 
 

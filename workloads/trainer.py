@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveStatus, NodePhase
+from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveState, NodePhase
 from harmonaize.jobs import Compression, ParallelPlan
 from workloads.checkpoint import CheckpointIO, checkpoint_name
 from workloads.compression import CompressionSetting, wrap_ddp
@@ -393,7 +393,7 @@ class TrainingRun:
         )
         self._handled_version = directives.version
         self._progress.record_outcome(outcome)
-        if outcome.status is DirectiveStatus.REFUSED:
+        if outcome.status is DirectiveState.REFUSED:
             reasons = "; ".join(outcome.reasons)
             self._warn("step %d: directives v%d refused: %s", self._step, directives.version, reasons)
             return False

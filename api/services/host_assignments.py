@@ -28,8 +28,9 @@ from api.models import Allocation, Host, Job
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
 from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
-from harmonaize.job_runtime import Directives, JobRanges, Range
+from harmonaize.job_runtime import Directives, JobRanges
 from harmonaize.jobs import Compression
+from harmonaize.ranges import IntRange
 
 
 def _effective(now: datetime) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
@@ -40,15 +41,17 @@ def _effective(now: datetime) -> tuple[ColumnElement[bool], ColumnElement[bool]]
 def job_ranges(job: Job) -> JobRanges:
     """The tenant's declared micro-loop ranges of `job`, in the contract's shape (shared with the job's runtime)."""
     return JobRanges(
-        checkpoint_interval_steps=Range(min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max),
+        checkpoint_interval_steps=IntRange(
+            min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max
+        ),
         compression_allowed=tuple(Compression(option) for option in job.compression_allowed),
         powersgd_max_rank=job.powersgd_max_rank,
         batch_size=(
             None
             if job.batch_size_min is None or job.batch_size_max is None
-            else Range(min=job.batch_size_min, max=job.batch_size_max)
+            else IntRange(min=job.batch_size_min, max=job.batch_size_max)
         ),
-        gradient_accumulation=Range(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
+        gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
     )
 
 

@@ -22,8 +22,9 @@ from api.models import Job, JobDirective
 from api.services.errors import NotFoundError
 from api.services.host_assignments import job_directives, job_hosts, job_ranges, write_host_assignments
 from api.services.outbox import enqueue_tenant_event
-from harmonaize.events.directive import DirectiveState, DirectiveUpdate
+from harmonaize.events.directive import DirectiveUpdate
 from harmonaize.job_runtime import Directives, violations
+from harmonaize.jobs import DirectiveState
 from harmonaize.timeids import uuid7
 
 

@@ -19,7 +19,7 @@ from api.services.errors import NotFoundError
 from api.services.job_directives import record_outcome
 from api.services.outbox import enqueue_tenant_event
 from harmonaize.events.job import JobUpdate
-from harmonaize.job_runtime import DirectiveStatus, JobProgress
+from harmonaize.job_runtime import DirectiveState, JobProgress
 
 
 async def report_progress(session: AsyncSession, progress: JobProgress, *, now: datetime) -> bool:
@@ -34,7 +34,7 @@ async def report_progress(session: AsyncSession, progress: JobProgress, *, now: 
                 tenant_id=tenant_id,
                 job_id=job_id,
                 version=outcome.version,
-                applied=outcome.status is DirectiveStatus.APPLIED,
+                applied=outcome.status is DirectiveState.APPLIED,
                 step=outcome.step,
                 reasons=outcome.reasons,
                 now=now,

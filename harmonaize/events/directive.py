@@ -7,7 +7,6 @@ ranges), and one when the job's own runtime applied or refused it at a step boun
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import ClassVar
 
 from pydantic import Field
@@ -15,18 +14,9 @@ from pydantic import Field
 from harmonaize.events.base import EventData
 from harmonaize.events.fields import UtcDatetime
 from harmonaize.events.kinds import EventKind
-from harmonaize.jobs import Compression
+from harmonaize.jobs import Compression, DirectiveState
 
 __all__ = ["DirectiveState", "DirectiveUpdate"]
-
-
-class DirectiveState(StrEnum):
-    ISSUED = "issued"
-    """The provider issued this version; the job applies it at its next step boundary."""
-    REFUSED = "refused"
-    """Outside the tenant's ranges: refused by the control plane (never issued) or by the job's runtime."""
-    APPLIED = "applied"
-    """The job's runtime applied it, at `step`."""
 
 
 class DirectiveUpdate(EventData):

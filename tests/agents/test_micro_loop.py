@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from harmonaize.desired_state import AssignedJob, HostAssignment
 from harmonaize.events import MaintenanceKind, MaintenanceStatus
-from harmonaize.job_runtime import Directives, JobRanges, Range, violations
+from harmonaize.job_runtime import Directives, JobRanges, violations
 from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.ranges import IntRange
 from provider_agents.micro_loop import JobSignals, decide, job_signals
 from provider_agents.telemetry.model import (
     FabricSample,
@@ -21,7 +22,7 @@ from workloads.directives import plan_violations
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 RANGES = JobRanges(
-    checkpoint_interval_steps=Range(min=5, max=200),
+    checkpoint_interval_steps=IntRange(min=5, max=200),
     compression_allowed=(Compression.NONE, Compression.FP16, Compression.POWERSGD),
     powersgd_max_rank=8,
 )
@@ -84,7 +85,7 @@ def test_congestion_on_the_jobs_paths_compresses_more_as_it_worsens_and_relaxes_
 
 
 def test_decisions_never_leave_the_tenants_ranges() -> None:
-    narrow = JobRanges(checkpoint_interval_steps=Range(min=50, max=50), compression_allowed=(Compression.NONE,))
+    narrow = JobRanges(checkpoint_interval_steps=IntRange(min=50, max=50), compression_allowed=(Compression.NONE,))
     job = _job(narrow)
     for risks in (frozenset(), frozenset({"predicted:h1"})):
         for slowdown in (1.0, 1.3, 2.5, 10.0):

@@ -11,9 +11,10 @@ from fastapi import FastAPI
 
 from api.models import OutboxTopic
 from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
-from harmonaize.job_runtime import Directives, JobRanges, Range
+from harmonaize.job_runtime import Directives, JobRanges
 from harmonaize.jobs import Compression
 from harmonaize.negotiation import RoundAction
+from harmonaize.ranges import IntRange
 from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job, field_names
 from tests.api.negotiation_kit import act, ledger_totals, negotiate, outbox
 
@@ -65,11 +66,11 @@ async def test_epochs_move_with_the_node_set_and_plan_but_not_with_directives(
     )
     assert (job["placement_epoch"], job["entrypoint"]) == (1, ENTRYPOINT)
     ranges = JobRanges(
-        checkpoint_interval_steps=Range(min=50, max=500),
+        checkpoint_interval_steps=IntRange(min=50, max=500),
         compression_allowed=(Compression.NONE, Compression.POWERSGD),
         powersgd_max_rank=4,
-        batch_size=Range(min=16, max=64),
-        gradient_accumulation=Range(min=1, max=4),
+        batch_size=IntRange(min=16, max=64),
+        gradient_accumulation=IntRange(min=1, max=4),
     )
     first = await desired(app)
     assert [(a.host, a.generation) for a in first] == [("h1", 1), ("h2", 1)]

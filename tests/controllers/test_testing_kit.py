@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from harmonaize.events import Failure, FailureKind, Severity
-from harmonaize.negotiation import WorkerRange
+from harmonaize.ranges import WorkerRange
 from tenant_controllers import Controller, InvalidRequestError
 from tenant_controllers.testing import ControllerHarness, Faults, decline, offer
 

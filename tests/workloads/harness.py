@@ -29,12 +29,12 @@ from harmonaize.job_runtime import (
     Directives,
     JobProgress,
     JobRanges,
-    Range,
     WorkerSpec,
     read_model,
     write_model_atomically,
 )
 from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.ranges import IntRange
 from workloads.spec import ENV_DUMP_DIR, ENV_TEST_CRASH_SAVE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +46,11 @@ APPLIED_LINE = re.compile(r"\[rank (\d+)/(\d+)\] step (\d+): directives v(\d+) (
 T = TypeVar("T")
 
 WIDE_RANGES = JobRanges(
-    checkpoint_interval_steps=Range(min=5, max=1000),
+    checkpoint_interval_steps=IntRange(min=5, max=1000),
     compression_allowed=(Compression.NONE, Compression.FP16, Compression.POWERSGD),
     powersgd_max_rank=2,
-    batch_size=Range(min=8, max=64),
-    gradient_accumulation=Range(min=1, max=4),
+    batch_size=IntRange(min=8, max=64),
+    gradient_accumulation=IntRange(min=1, max=4),
 )
 
 

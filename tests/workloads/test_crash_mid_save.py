@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from harmonaize.job_runtime import JobRanges, Range
+from harmonaize.job_runtime import JobRanges
+from harmonaize.ranges import IntRange
 from tests.workloads.harness import WIDE_RANGES, Cluster, JobDirs, assert_same_state
 
 pytestmark = pytest.mark.slow
 
-RANGES = JobRanges.model_validate({**WIDE_RANGES.model_dump(), "checkpoint_interval_steps": Range(min=5, max=100)})
+RANGES = JobRanges.model_validate({**WIDE_RANGES.model_dump(), "checkpoint_interval_steps": IntRange(min=5, max=100)})
 
 
 @pytest.mark.parametrize("point", ["before-write", "before-commit"])

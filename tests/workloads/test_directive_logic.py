@@ -14,19 +14,19 @@ from harmonaize.job_runtime import (
     MAX_COUNT,
     MAX_WORLD,
     Directives,
-    DirectiveStatus,
+    DirectiveState,
     JobRanges,
-    Range,
 )
 from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.ranges import IntRange
 from workloads.directives import DirectiveReader, Settings, decide, decode, effective_settings, encode
 
 RANGES = JobRanges(
-    checkpoint_interval_steps=Range(min=10, max=500),
+    checkpoint_interval_steps=IntRange(min=10, max=500),
     compression_allowed=(Compression.NONE, Compression.FP16, Compression.POWERSGD),
     powersgd_max_rank=4,
-    batch_size=Range(min=16, max=128),
-    gradient_accumulation=Range(min=1, max=8),
+    batch_size=IntRange(min=16, max=128),
+    gradient_accumulation=IntRange(min=1, max=8),
 )
 DEFAULTS = Settings(checkpoint_interval_steps=100, batch_size=32, gradient_accumulation=1)
 
@@ -34,7 +34,7 @@ DEFAULTS = Settings(checkpoint_interval_steps=100, batch_size=32, gradient_accum
 def test_an_in_range_version_is_applied_over_the_jobs_defaults() -> None:
     directives = Directives(version=3, compression=Compression.POWERSGD, powersgd_rank=2, batch_size=64)
     settings, outcome = decide(DEFAULTS, directives, ranges=RANGES, plan=ParallelPlan.DDP, step=57)
-    assert outcome.status is DirectiveStatus.APPLIED and (outcome.version, outcome.step) == (3, 57)
+    assert outcome.status is DirectiveState.APPLIED and (outcome.version, outcome.step) == (3, 57)
     assert settings == Settings(
         checkpoint_interval_steps=100,
         compression=Compression.POWERSGD,
@@ -57,7 +57,7 @@ def test_any_violation_refuses_the_whole_version_with_every_reason() -> None:
     )
     settings, outcome = decide(DEFAULTS, directives, ranges=RANGES, plan=ParallelPlan.DDP, step=5)
     assert settings is None
-    assert outcome.status is DirectiveStatus.REFUSED
+    assert outcome.status is DirectiveState.REFUSED
     assert any("batch_size 4096" in reason for reason in outcome.reasons)
     assert any("powersgd_rank 9" in reason for reason in outcome.reasons)
     assert len(outcome.reasons) == 2
@@ -67,11 +67,11 @@ def test_any_violation_refuses_the_whole_version_with_every_reason() -> None:
 def test_compression_is_refused_under_sharded_plans(plan: ParallelPlan) -> None:
     directives = Directives(version=1, compression=Compression.FP16)
     settings, outcome = decide(DEFAULTS, directives, ranges=RANGES, plan=plan, step=0)
-    assert settings is None and outcome.status is DirectiveStatus.REFUSED
+    assert settings is None and outcome.status is DirectiveState.REFUSED
     assert "DDP communication hooks" in outcome.reasons[0] and plan.value in outcome.reasons[0]
     ok, outcome = decide(DEFAULTS, Directives(version=2, compression=Compression.NONE, batch_size=16),
                          ranges=RANGES, plan=plan, step=0)
-    assert ok is not None and outcome.status is DirectiveStatus.APPLIED
+    assert ok is not None and outcome.status is DirectiveState.APPLIED
 
 
 def test_a_tenant_without_a_batch_size_range_keeps_its_batch_size() -> None:

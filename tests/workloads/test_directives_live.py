@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from harmonaize.job_runtime import Directives, DirectiveStatus, JobProgress
+from harmonaize.job_runtime import Directives, DirectiveState, JobProgress
 from harmonaize.jobs import Compression
 from tests.workloads.harness import APPLIED_LINE, Cluster, JobDirs, Node, wait_for
 
@@ -43,7 +43,7 @@ def test_directives_are_applied_or_refused_at_one_step_boundary(job: JobDirs, cl
 
     job.direct(Directives(version=1, compression=Compression.FP16, reason="congestion between groups"))
     progress = wait_for(lambda: outcome_of(job, 1), timeout=15, what="outcome of v1")
-    assert progress.outcomes[-1].status is DirectiveStatus.APPLIED
+    assert progress.outcomes[-1].status is DirectiveState.APPLIED
     assert progress.compression is Compression.FP16
     assert handled_by_all_ranks(node, 1, 2) == {progress.outcomes[-1].step}
 
@@ -52,7 +52,7 @@ def test_directives_are_applied_or_refused_at_one_step_boundary(job: JobDirs, cl
     )
     progress = wait_for(lambda: outcome_of(job, 2), timeout=15, what="outcome of v2")
     applied = progress.outcomes[-1]
-    assert applied.status is DirectiveStatus.APPLIED
+    assert applied.status is DirectiveState.APPLIED
     assert (progress.compression, progress.powersgd_rank, progress.batch_size) == (Compression.POWERSGD, 1, 16)
     assert handled_by_all_ranks(node, 2, 2) == {applied.step}
     assert applied.step in job.checkpoint_steps(), "checkpoint now: saved at the boundary that applied it"
@@ -62,7 +62,7 @@ def test_directives_are_applied_or_refused_at_one_step_boundary(job: JobDirs, cl
                           gradient_accumulation=9, checkpoint_requests=2))
     progress = wait_for(lambda: outcome_of(job, 3), timeout=15, what="outcome of v3")
     refused = progress.outcomes[-1]
-    assert refused.status is DirectiveStatus.REFUSED
+    assert refused.status is DirectiveState.REFUSED
     assert len(refused.reasons) == 3
     assert any("batch_size 4096" in r for r in refused.reasons)
     assert any("powersgd_rank 8" in r for r in refused.reasons)
@@ -74,7 +74,7 @@ def test_directives_are_applied_or_refused_at_one_step_boundary(job: JobDirs, cl
     job.direct(Directives(version=4, gradient_accumulation=2, checkpoint_interval_steps=5))
     progress = wait_for(lambda: outcome_of(job, 4), timeout=15, what="outcome of v4")
     v4_step = progress.outcomes[-1].step
-    assert progress.outcomes[-1].status is DirectiveStatus.APPLIED
+    assert progress.outcomes[-1].status is DirectiveState.APPLIED
     assert (progress.compression, progress.batch_size, progress.gradient_accumulation) == (Compression.NONE, 32, 2)
     assert progress.checkpoint_interval_steps == 5
     wait_for(lambda: any(step > v4_step for step in job.checkpoint_steps()), timeout=15,

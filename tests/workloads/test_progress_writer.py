@@ -11,7 +11,7 @@ from harmonaize.job_runtime import (
     CONTROL_PROGRESS_FILE,
     MAX_OUTCOMES,
     DirectiveOutcome,
-    DirectiveStatus,
+    DirectiveState,
     JobProgress,
     read_model,
 )
@@ -57,7 +57,7 @@ def test_disabled_or_without_a_control_dir_nothing_is_written(tmp_path: Path) ->
 def test_outcomes_keep_the_last_twenty(tmp_path: Path) -> None:
     reporter = ProgressReporter(tmp_path, tenant="a", job="j", epoch=0, enabled=True)
     for version in range(MAX_OUTCOMES + 5):
-        reporter.record_outcome(DirectiveOutcome(version=version, status=DirectiveStatus.APPLIED, step=version))
+        reporter.record_outcome(DirectiveOutcome(version=version, status=DirectiveState.APPLIED, step=version))
     reporter.report(force=True, **fields(1))
     progress = read_model(tmp_path / CONTROL_PROGRESS_FILE, JobProgress)
     assert progress is not None and [o.version for o in progress.outcomes] == list(range(5, MAX_OUTCOMES + 5))

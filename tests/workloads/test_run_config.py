@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.job_runtime import ENV_RUN_SPEC, JobRanges, Range, WorkerSpec, write_model_atomically
+from harmonaize.job_runtime import ENV_RUN_SPEC, JobRanges, WorkerSpec, write_model_atomically
 from harmonaize.jobs import ParallelPlan
+from harmonaize.ranges import IntRange
 from workloads.spec import (
     ENV_CHECKPOINT_DIR,
     ENV_CONTROL_DIR,
@@ -26,7 +27,7 @@ def write_spec(tmp_path: Path) -> Path:
     spec = WorkerSpec(
         tenant="acme", job="train-1", epoch=4, parallel_plan=ParallelPlan.HSDP, locality_group="g-7",
         checkpoint_dir=tmp_path / "ckpt", control_dir=tmp_path / "ctl",
-        ranges=JobRanges(checkpoint_interval_steps=Range(min=50, max=200)),
+        ranges=JobRanges(checkpoint_interval_steps=IntRange(min=50, max=200)),
     )
     path = tmp_path / "spec.json"
     write_model_atomically(path, spec)

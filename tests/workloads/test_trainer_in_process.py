@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harmonaize.job_runtime import Directives, DirectiveStatus
+from harmonaize.job_runtime import Directives, DirectiveState
 from harmonaize.jobs import Compression, ParallelPlan
 from tests.workloads.harness import WIDE_RANGES, JobDirs
 from workloads.examples.mlp import make_loss_fn, make_model
@@ -108,8 +108,8 @@ def test_directives_apply_at_a_boundary_and_survive_a_restart(tmp_path: Path) ->
     progress = job.progress()
     assert progress is not None
     assert [(o.version, o.status, o.step) for o in progress.outcomes] == [
-        (1, DirectiveStatus.APPLIED, 2),
-        (2, DirectiveStatus.REFUSED, 3),
+        (1, DirectiveState.APPLIED, 2),
+        (2, DirectiveState.REFUSED, 3),
     ]
     assert "batch_size 4096" in progress.outcomes[1].reasons[0]
     assert (progress.batch_size, progress.gradient_accumulation, progress.compression) == (16, 2, Compression.FP16)
