@@ -31,12 +31,13 @@ from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
 from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.negotiation import MAX_OPTIONS
 from harmonaize.ranges import IntRange, check_ordered
+from harmonaize.rest import MAX_POWERSGD_RANK as MAX_POWERSGD_RANK  # bounds job_run_schemas too
+from harmonaize.rest import GradientCompression, JobPublic
 
 MAX_INT = 1_000_000_000
 """Upper bound for counts and step numbers: far beyond any real job, far below a 32-bit column's limit."""
 MAX_GPUS = 4096
 MAX_WORKERS = 4096
-MAX_POWERSGD_RANK = 1024
 
 DisplayText = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
@@ -101,30 +102,6 @@ class TenantCreated(TenantPublic):
     nats: NatsCredentialsPublic
 
 
-class GradientCompression(_Body):
-    """Which compression the provider may switch the job to, and the largest PowerSGD rank it may pick."""
-
-    allowed: list[Compression] = Field(default_factory=lambda: [Compression.NONE], min_length=1, max_length=3)
-    powersgd_max_rank: int | None = Field(default=None, ge=1, le=MAX_POWERSGD_RANK, validate_default=True)
-
-    @field_validator("allowed")
-    @classmethod
-    def _canonical(cls, value: list[Compression]) -> list[Compression]:
-        return [option for option in Compression if option in value]
-
-    @field_validator("powersgd_max_rank")
-    @classmethod
-    def _rank_iff_powersgd(cls, value: int | None, info: ValidationInfo) -> int | None:
-        allowed = info.data.get("allowed")
-        if allowed is None:
-            return value
-        if Compression.POWERSGD in allowed and value is None:
-            raise ValueError("required when powersgd is allowed")
-        if Compression.POWERSGD not in allowed and value is not None:
-            raise ValueError("only allowed together with powersgd in gradient_compression.allowed")
-        return value
-
-
 class JobCreate(_Body):
     """A job and the tenant's ranges for the provider's micro-level decisions."""
 
@@ -161,50 +138,33 @@ class JobCreate(_Body):
         return self
 
 
-class JobPublic(BaseModel):
-    id: str
-    name: str
-    min_workers: int
-    max_workers: int
-    gpus_per_worker: int
-    parallel_plan: ParallelPlan
-    desired_workers: int
-    checkpoint_interval_steps: IntRange
-    gradient_compression: GradientCompression
-    batch_size: IntRange | None
-    gradient_accumulation: IntRange
-    entrypoint: list[str]
-    placement_epoch: int
-    created_at: datetime
-
-    @classmethod
-    def from_model(cls, job: Job) -> Self:
-        """Regroup the flat columns into the nested ranges the tenant sent."""
-        return cls(
-            id=job.id,
-            name=job.name,
-            min_workers=job.min_workers,
-            max_workers=job.max_workers,
-            gpus_per_worker=job.gpus_per_worker,
-            parallel_plan=job.parallel_plan,
-            desired_workers=job.desired_workers,
-            checkpoint_interval_steps=IntRange(
-                min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max
-            ),
-            gradient_compression=GradientCompression(
-                allowed=[Compression(option) for option in job.compression_allowed],
-                powersgd_max_rank=job.powersgd_max_rank,
-            ),
-            batch_size=(
-                None
-                if job.batch_size_min is None or job.batch_size_max is None
-                else IntRange(min=job.batch_size_min, max=job.batch_size_max)
-            ),
-            gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
-            entrypoint=list(job.entrypoint or ()),
-            placement_epoch=job.placement_epoch,
-            created_at=job.created_at,
-        )
+def job_public(job: Job) -> JobPublic:
+    """Regroup the flat columns into the nested ranges the tenant sent."""
+    return JobPublic(
+        id=job.id,
+        name=job.name,
+        min_workers=job.min_workers,
+        max_workers=job.max_workers,
+        gpus_per_worker=job.gpus_per_worker,
+        parallel_plan=job.parallel_plan,
+        desired_workers=job.desired_workers,
+        checkpoint_interval_steps=IntRange(
+            min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max
+        ),
+        gradient_compression=GradientCompression(
+            allowed=[Compression(option) for option in job.compression_allowed],
+            powersgd_max_rank=job.powersgd_max_rank,
+        ),
+        batch_size=(
+            None
+            if job.batch_size_min is None or job.batch_size_max is None
+            else IntRange(min=job.batch_size_min, max=job.batch_size_max)
+        ),
+        gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
+        entrypoint=list(job.entrypoint or ()),
+        placement_epoch=job.placement_epoch,
+        created_at=job.created_at,
+    )
 
 
 class AllocationCreate(_Body):

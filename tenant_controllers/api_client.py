@@ -27,7 +27,7 @@ import httpx
 from harmonaize.events import EventKind
 from harmonaize.ids import validate_id
 from harmonaize.negotiation import NegotiationKind, NegotiationState, NegotiationTerms
-from harmonaize.rest import NegotiationPage, NegotiationPublic, NegotiationSummary
+from harmonaize.rest import JobPublic, NegotiationPage, NegotiationPublic, NegotiationSummary
 from tenant_controllers.errors import (
     ApiError,
     ApiUnavailableError,
@@ -98,10 +98,10 @@ class ProviderApi:
 
     # -- jobs and consumers ------------------------------------------------------------------------------------------
 
-    async def get_job(self, job_id: str) -> dict[str, Any]:
+    async def get_job(self, job_id: str) -> JobPublic:
         """The job as the provider has it now (`GET /v1/jobs/{id}`)."""
         reply = await self._request("GET", f"/v1/jobs/{validate_id('job', job_id)}")
-        return dict(reply.json())
+        return JobPublic.model_validate(reply.json())
 
     async def put_event_consumer(
         self, name: str, *, kinds: Sequence[EventKind], jobs: Sequence[str], ack_wait_s: float | None = None

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from harmonaize.events import EventData
 from harmonaize.jobs import ParallelPlan
 from harmonaize.negotiation import NegotiationKind, NegotiationState, NegotiationTerms
-from harmonaize.rest import NegotiationSummary
+from harmonaize.rest import JobPublic, NegotiationSummary
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.errors import Declined
 from tenant_controllers.idempotency import current_failed_host
@@ -61,20 +61,20 @@ class Job:
         *,
         api: ProviderApi,
         latest: LatestLookup | None = None,
-        snapshot: Mapping[str, Any] | None = None,
+        snapshot: JobPublic | Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.id = job_id
         self._clock = clock
         self._api = api
         self._latest = latest or (lambda _job, _model: None)
-        self._snapshot: dict[str, Any] | None = dict(snapshot) if snapshot is not None else None
+        self._snapshot = _parse(snapshot) if snapshot is not None else None
         self._fetched_at: float | None = clock() if snapshot is not None else None
         self._generation = 0  # bumped by our own negotiations: reads started before one are discarded
         self._background: asyncio.Task[None] | None = None
         self._background_generation = 0  # the generation the background read started in (joined only if current)
         self._background_started = 0.0  # when it started (joined only if its answer would be young enough)
-        self._staged: tuple[int, float, dict[str, Any]] | None = None  # a background read, applied before a handler
+        self._staged: tuple[int, float, JobPublic] | None = None  # a background read, applied before a handler
         self.memo: dict[str, Any] = {}
         """Scratch space that lives as long as the controller process (not persisted)."""
 
@@ -88,11 +88,11 @@ class Job:
     async def refresh(self) -> Job:
         """Re-read the job from the provider."""
         generation, started = self._generation, self._clock()
-        snapshot = await self._api.get_job(self.id)
+        snapshot = _parse(await self._api.get_job(self.id))
         self._apply(generation, started, snapshot)
         return self
 
-    def _apply(self, generation: int, started: float, snapshot: dict[str, Any]) -> None:
+    def _apply(self, generation: int, started: float, snapshot: JobPublic) -> None:
         if generation == self._generation and (self._fetched_at is None or started >= self._fetched_at):
             self._snapshot, self._fetched_at = snapshot, started
 
@@ -151,7 +151,7 @@ class Job:
     async def _refresh_quietly(self) -> None:
         generation, started = self._generation, self._clock()
         try:
-            snapshot = await self._api.get_job(self.id)
+            snapshot = _parse(await self._api.get_job(self.id))
         except Exception as exc:  # the next handler waits for a read of its own, with its retry policy
             _log.warning("background read of job %s failed: %s", self.id, exc)
             return
@@ -171,37 +171,42 @@ class Job:
         self._fetched_at = None
 
     @property
+    def snapshot(self) -> JobPublic:
+        """The provider's answer to `GET /v1/jobs/{id}`, typed (frozen: a newer view is a new read)."""
+        return self._loaded()
+
+    @property
     def spec(self) -> dict[str, Any]:
-        """The provider's full answer to `GET /v1/jobs/{id}` (a copy)."""
-        return dict(self._loaded())
+        """The provider's answer to `GET /v1/jobs/{id}` as JSON-shaped data (a copy)."""
+        return self._loaded().model_dump(mode="json")
 
     @property
     def workers(self) -> int:
         """The agreed number of workers (`desired_workers`; 0 while the job is not placed)."""
-        return int(self._loaded()["desired_workers"])
+        return self._loaded().desired_workers
 
     @property
     def min_workers(self) -> int:
-        return int(self._loaded()["min_workers"])
+        return self._loaded().min_workers
 
     @property
     def max_workers(self) -> int:
-        return int(self._loaded()["max_workers"])
+        return self._loaded().max_workers
 
     @property
     def gpus_per_worker(self) -> int:
-        return int(self._loaded().get("gpus_per_worker", 1))
+        return self._loaded().gpus_per_worker
 
     @property
     def parallel_plan(self) -> ParallelPlan:
-        return ParallelPlan(self._loaded()["parallel_plan"])
+        return self._loaded().parallel_plan
 
     def latest(self, model: type[DataT]) -> DataT | None:
         """The newest `model` event observed for this job (by event time), or None."""
         found = self._latest(self.id, model)
         return found if isinstance(found, model) else None
 
-    def _loaded(self) -> dict[str, Any]:
+    def _loaded(self) -> JobPublic:
         if self._snapshot is None:
             raise RuntimeError(f"job {self.id!r} has not been loaded: await job.refresh() first")
         return self._snapshot
@@ -305,3 +310,8 @@ class Job:
             Offer(n, api=self._api, on_change=self.invalidate)
             async for n in self.negotiations(state=NegotiationState.OFFERED)
         ]
+
+
+def _parse(answer: JobPublic | Mapping[str, Any]) -> JobPublic:
+    """A reply already parsed by `ProviderApi`, or the same body as JSON data (a stand-in API, a saved snapshot)."""
+    return answer if isinstance(answer, JobPublic) else JobPublic.model_validate(answer)

@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import CurrentTenant, NowDep, PseudonymSecretDep, SessionDep, WakeRelayDep
-from api.schemas import JobCreate, JobPublic, TenantAllocationPublic
+from api.schemas import JobCreate, TenantAllocationPublic, job_public
 from api.services import jobs as service
 from api.services.ledger import list_placements
 from api.services.tenant_views import tenant_allocation
 from harmonaize.ids import JobId
+from harmonaize.rest import JobPublic
 
 router = APIRouter(tags=["jobs"])
 
@@ -23,7 +24,7 @@ async def create_job(
     """Create a job; with `initial_workers`, place them too (all or 409, and then no job)."""
     job = await service.create_job(session, tenant_id=tenant.id, spec=body, now=now)
     wake()
-    return JobPublic.from_model(job)
+    return job_public(job)
 
 
 @router.get("/jobs")
@@ -34,12 +35,12 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[JobPublic]:
     jobs = await service.list_jobs(session, tenant_id=tenant.id, after=after, limit=limit)
-    return [JobPublic.from_model(job) for job in jobs]
+    return [job_public(job) for job in jobs]
 
 
 @router.get("/jobs/{job_id}")
 async def get_job(job_id: JobId, tenant: CurrentTenant, session: SessionDep) -> JobPublic:
-    return JobPublic.from_model(await service.get_job(session, tenant_id=tenant.id, job_id=job_id))
+    return job_public(await service.get_job(session, tenant_id=tenant.id, job_id=job_id))
 
 
 @router.get("/jobs/{job_id}/allocations")

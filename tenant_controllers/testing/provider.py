@@ -29,8 +29,10 @@ from typing import Any
 
 import httpx
 
+from harmonaize.jobs import ParallelPlan
 from harmonaize.negotiation import OfferOption
-from harmonaize.rest import NegotiationPublic
+from harmonaize.ranges import IntRange
+from harmonaize.rest import GradientCompression, JobPublic, NegotiationPublic
 
 __all__ = ["Answer", "FakeProvider", "Policy", "ScriptedFault", "decline", "offer"]
 
@@ -106,10 +108,13 @@ class FakeProvider:
     def add_job(self, job_id: str, *, min_workers: int = 1, max_workers: int = 4, desired: int = 2,
                 plan: str = "ddp", capacity: int | None = None) -> None:
         """A job of this tenant, running at `desired` workers; the default policy grants up to `capacity`."""
-        self.jobs[job_id] = {
-            "id": job_id, "name": job_id, "min_workers": min_workers, "max_workers": max_workers,
-            "gpus_per_worker": 1, "parallel_plan": plan, "desired_workers": desired, "created_at": _now(),
-        }
+        self.jobs[job_id] = JobPublic(
+            id=job_id, name=job_id, min_workers=min_workers, max_workers=max_workers, gpus_per_worker=1,
+            parallel_plan=ParallelPlan(plan), desired_workers=desired,
+            checkpoint_interval_steps=IntRange(min=100, max=1000), gradient_compression=GradientCompression(),
+            batch_size=None, gradient_accumulation=IntRange(min=1, max=1),
+            entrypoint=[], placement_epoch=0, created_at=datetime.now(UTC),
+        ).model_dump(mode="json")
         self.capacity[job_id] = max_workers if capacity is None else capacity
 
     def answer(self, *answers: Answer) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from tenant_controllers import job as job_module
 from tenant_controllers.job import Job
 
 
@@ -25,8 +24,11 @@ class GatedApi:
 
     async def get_job(self, job_id: str) -> dict[str, Any]:
         self.reads += 1
-        answer = {"id": job_id, "desired_workers": self.workers, "min_workers": 1, "max_workers": 8,
-                  "parallel_plan": "ddp"}
+        answer = {"id": job_id, "name": job_id, "desired_workers": self.workers, "min_workers": 1, "max_workers": 8,
+                  "gpus_per_worker": 1, "parallel_plan": "ddp", "checkpoint_interval_steps": {"min": 100, "max": 1000},
+                  "gradient_compression": {"allowed": ["none"]}, "batch_size": None,
+                  "gradient_accumulation": {"min": 1, "max": 1}, "entrypoint": [], "placement_epoch": 0,
+                  "created_at": "2026-01-01T00:00:00Z"}
         gate = asyncio.Event()
         self.gates.append(gate)
         await gate.wait()
@@ -175,7 +177,7 @@ class JoinWatch:
             self.joined.set()
             return real_shield(awaitable)
 
-        monkeypatch.setattr(job_module.asyncio, "shield", shield)
+        monkeypatch.setattr("tenant_controllers.job.asyncio.shield", shield)
 
 
 @pytest.fixture
