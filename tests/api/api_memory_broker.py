@@ -46,15 +46,16 @@ class InMemoryBroker:
         self.applied.append(list(tenants))
 
     def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
-        return TenantNatsCredentials(
-            servers=list(SERVERS),
-            account=f"T_{tenant}",
-            user_public_key=keys.public_key,
-            seed=keys.seed,
-            stream=f"HZ_T_{tenant}",
-            js_api_prefix=JS_API_PREFIX,
-            subject_prefix=f"hz.t.{tenant}.",
-        )
+        values = {
+            "servers": list(SERVERS),
+            "account": f"T_{tenant}",
+            "user_public_key": keys.public_key,
+            "seed": keys.seed,
+            "stream": f"HZ_T_{tenant}",
+            "js_api_prefix": JS_API_PREFIX,
+            "subject_prefix": f"hz.t.{tenant}.",
+        }
+        return TenantNatsCredentials(**values)
 
 
     async def ensure_consumer(

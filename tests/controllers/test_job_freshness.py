@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tenant_controllers import job as job_module
 from tenant_controllers.job import Job
 
 
@@ -177,7 +178,7 @@ class JoinWatch:
             self.joined.set()
             return real_shield(awaitable)
 
-        monkeypatch.setattr("tenant_controllers.job.asyncio.shield", shield)
+        monkeypatch.setattr(job_module.asyncio, "shield", shield)
 
 
 @pytest.fixture
