@@ -125,11 +125,13 @@ class BenchBroker:
             stream=f"HZ_T_{tenant}", js_api_prefix="$JS.hz.API", subject_prefix=f"hz.t.{tenant}.",
         )
 
-    async def ensure_consumer(self, tenant: str, name: str, *, filter_subjects: Sequence[str] = ()) -> Any:
+    async def ensure_consumer(
+        self, tenant: str, name: str, *, filter_subjects: Sequence[str] = (), ack_wait_s: float = 30.0
+    ) -> Any:
         from broker_config.accounts import EventConsumer
 
         return EventConsumer(name=name, stream=f"HZ_T_{tenant}", js_api_prefix="$JS.hz.API",
-                             filter_subjects=list(filter_subjects))
+                             filter_subjects=list(filter_subjects), ack_wait_s=ack_wait_s)
 
 
 def ours_settings(data_dir: Path, database_url: str) -> Any:
@@ -501,7 +503,8 @@ async def setup_ours(client: httpx.AsyncClient, hosts: int, alloc_jobs: int) -> 
         response = await client.request(method, path, json=body, headers=headers)
         if response.status_code != 201:
             raise RuntimeError(f"setup {method} {path}: {response.status_code} {response.text[:300]}")
-        return response.json()
+        created: dict[str, Any] = response.json()
+        return created
 
     created = await ok("POST", "/v1/tenants", {"id": "acme", "display_name": "Acme"}, admin)
     tenant = {"Authorization": f"Bearer {created['api_token']}"}
@@ -747,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-api-", dir=args.dir))
     httptools = importlib.util.find_spec("httptools") is not None
-    meta = {
+    meta: dict[str, Any] = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
         "uvicorn": package_version("uvicorn"), "fastapi": package_version("fastapi"),

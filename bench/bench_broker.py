@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -174,7 +175,7 @@ class Target:
                 pass
 
 
-def _error_recorder(errors: list[str], who: str):
+def _error_recorder(errors: list[str], who: str) -> Callable[[Exception], Awaitable[None]]:
     async def on_error(exc: Exception) -> None:
         errors.append(f"{who}: {exc}")
 
@@ -754,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     if base is not None:
         base.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-broker-", dir=base))
-    meta = {
+    meta: dict[str, Any] = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
         "nats_server": nats_server_version(),

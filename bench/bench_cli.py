@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-cli-"))
     cwd = workdir / "cwd"
     cwd.mkdir()
-    meta = {
+    meta: dict[str, Any] = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
         "git": git_state(),

@@ -370,13 +370,13 @@ class Provider:
     async def __aenter__(self) -> Provider:
         from api.app import create_app
         from api.migrate import upgrade_async
+        from api.serving import serve_api
         from broker_config.keys import ProviderKeys
         from broker_config.provider_bus import NatsProviderBus
         from broker_config.provisioner import NatsTenantBroker
         from broker_config.render import render_accounts
         from broker_config.server import NatsServer
         from harmonaize.settings import Settings
-        from harmonaize_cli.local_cloud.launcher import serve_api
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.nats = NatsServer(self.data_dir / "nats", accounts_text=render_accounts(ProviderKeys(self.secret), []))
@@ -786,13 +786,13 @@ async def run_torchrun(
 
 # -- report -----------------------------------------------------------------------------------------------------------
 
-MAIN_ROWS = [
+MAIN_ROWS: list[tuple[str, str | None, str, str]] = [
     ("scale_up", "scale_up", "(a) agreement 2 -> 3: accept -> first step at 3",
      "third node started -> first step at 3"),
     ("kill", "kill", "(b) kill -9 of 1 of 2 hosts -> first step at 1", "same (node b: agent + worker)"),
     ("freeze", "freeze", "(b) frozen host (SIGSTOP) -> first step at 1", "same (node c)"),
 ]
-CONTEXT_ROWS = [
+CONTEXT_ROWS: list[tuple[str, str | None, str, str]] = [
     ("launch", "launch", "launch on 2 hosts -> first step at 2", "2 of max 3 nodes: waits last call"),
     ("launch", "launch_max", "launch on 2 hosts -> first step at 2", "2 of max 2 nodes: closes at once"),
     ("grow", "grow", "agreement 1 -> 2: accept -> first step at 2", "node started, 1 -> 2 of max 2"),
@@ -835,7 +835,7 @@ def summarize(reps: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     for ours_key, tr_key, _, _ in MAIN_ROWS + CONTEXT_ROWS:
         ours = [v for v in _values(reps, "ours", ours_key) if v is not None]
         base = [v for v in _values(reps, "torchrun", tr_key) if v is not None] if tr_key else []
-        entry = {"ours_s": median(ours) if ours else None, "torchrun_s": median(base) if base else None}
+        entry: dict[str, Any] = {"ours_s": median(ours) if ours else None, "torchrun_s": median(base) if base else None}
         entry["ratio"] = (entry["ours_s"] / entry["torchrun_s"]
                           if entry["ours_s"] is not None and entry["torchrun_s"] else None)
         if tr_key == "freeze" and ours and not base:
@@ -899,8 +899,8 @@ def render(reps: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, 
     rows = []
     for ours_key, tr_key, label, base_label in CONTEXT_ROWS:
         entry = summary[row_id(ours_key, tr_key)]
-        base = _fmt_s(_values(reps, "torchrun", tr_key), args.timeout) if tr_key else "-"
-        rows.append([label, _fmt_s(_values(reps, "ours", ours_key)), base, base_label,
+        base_text = _fmt_s(_values(reps, "torchrun", tr_key), args.timeout) if tr_key else "-"
+        rows.append([label, _fmt_s(_values(reps, "ours", ours_key)), base_text, base_label,
                      "-" if entry["ratio"] is None else f"{entry['ratio']:.2f}x"])
     lines += ["", "context", table(["transition", "ours s", "torchrun s", "torchrun case", "ratio"], rows)]
 

@@ -813,8 +813,8 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
         closers.append(provider)
         b = Bench(args, workdir)
         b.purgers["ours"] = provider.jetstream()
-        for r in raws:
-            b.purgers[r.key] = r.nc.jetstream()
+        for raw in raws:
+            b.purgers[raw.key] = raw.nc.jetstream()
         fleet_argv = [sys.executable, str(Path(__file__).resolve()), "--fleet", "--hosts", str(args.hosts),
                       "--connections", str(args.connections), "--ours-url", ours_server.url, "--plain-url", plain.url]
         if nosync is not None:
@@ -826,7 +826,7 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
         freeze_startup_heap()  # as `harmonaize controller run` does (this process also holds the raw consumers)
         b.pids = {"fleet": fleet.pid, "api": api.proc.pid if api.proc else None,
                   "nats": ours_server.pid, "nats_plain": plain._proc.pid if plain._proc else None}
-        targets: dict[str, Any] = {t.key: t for t in [*ours, *raws]}
+        targets: dict[str, Any] = {**{t.key: t for t in ours}, **{t.key: t for t in raws}}
         tp_keys = [k for k in ("ours_api", "ours_cached", "raw", "raw_ours") if k in targets and k in args.targets]
         lat_keys = [k for k in ("ours_api", "ours_cached", "raw", "raw_nosync", "raw_ours")
                     if k in targets and k in args.targets]
@@ -873,11 +873,11 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
                                                           for r in per_key.get(t.key, [])),
                              "fetch_batch_asked": round(ratio(t.source.fetches[1], t.source.fetches[0]), 1),
                              "fetch_batch_got": round(ratio(t.source.fetches[2], t.source.fetches[0]), 1)}
-        for t in raws:
-            if t.key not in used:
+        for raw in raws:
+            if raw.key not in used:
                 continue
-            checks[t.key] = {"acked": t.acked, "stale": t.recorder.stale,
-                             "fetch_batch_got": round(ratio(t.fetches[1], t.fetches[0]), 1)}
+            checks[raw.key] = {"acked": raw.acked, "stale": raw.recorder.stale,
+                               "fetch_batch_got": round(ratio(raw.fetches[1], raw.fetches[0]), 1)}
         return {"results": results, "checks": checks, "event_bytes": _first_bytes(results)}
     finally:
         # the runtimes log their broker connection closing at shutdown as a warning: not news here
@@ -891,12 +891,12 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
                 except Exception:
                     t.task.cancel()
             t.store.close()
-        for t in raws:
-            t.stop.set()
-            if t.task is not None:
-                t.task.cancel()
-                await asyncio.gather(t.task, return_exceptions=True)
-            closers.append(t.nc)
+        for raw in raws:
+            raw.stop.set()
+            if raw.task is not None:
+                raw.task.cancel()
+                await asyncio.gather(raw.task, return_exceptions=True)
+            closers.append(raw.nc)
         for c in clients:
             await c.aclose()
         for nc in closers:
@@ -1128,7 +1128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name} must be at least 1")
     if args.rate <= 0 or args.tp_seconds <= 0 or args.lat_seconds <= 0:
         ap.error("--rate, --tp-seconds and --lat-seconds must be positive")
-    from broker_config.render import check_sync_interval
+    from harmonaize.broker_sync import check_sync_interval
 
     try:
         check_sync_interval(args.sync)
@@ -1159,7 +1159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-events-", dir=args.dir))
-    meta = {
+    meta: dict[str, Any] = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
         "nats_server": nats_server_version(),

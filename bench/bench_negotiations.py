@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-neg-", dir=args.dir))
     httptools = importlib.util.find_spec("httptools") is not None
-    meta = {
+    meta: dict[str, Any] = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_line(),
         "uvicorn": package_version("uvicorn"), "fastapi": package_version("fastapi"),

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -46,7 +47,7 @@ class ClientProbe:
         return [e for e in self.errors if "permissions violation" in e.lower() and needle.lower() in e.lower()]
 
 
-async def connect_probe(url: str, seed: str, **options: object) -> ClientProbe:
+async def connect_probe(url: str, seed: str, **options: Any) -> ClientProbe:
     probe = ClientProbe(client=None)  # type: ignore[arg-type]
 
     async def on_error(exc: Exception) -> None:
@@ -56,7 +57,7 @@ async def connect_probe(url: str, seed: str, **options: object) -> ClientProbe:
         probe.disconnects += 1
 
     probe.client = await nats.connect(
-        url, nkeys_seed_str=seed, error_cb=on_error, disconnected_cb=on_disconnect, **options  # type: ignore[arg-type]
+        url, nkeys_seed_str=seed, error_cb=on_error, disconnected_cb=on_disconnect, **options
     )
     return probe
 

@@ -258,6 +258,8 @@ def _expected_view(injected: list[tuple[dict[str, Any], datetime, int]], now: da
         if key not in shown or rank < shown[key][0]:
             shown[key] = (rank, content)
 
+    key: tuple[Any, ...]  # a failure's and a notice's keys and ranks differ in shape
+    rank: tuple[Any, ...]
     for scenario, start, layer in injected:
         for failure in scenario.get("failures", []):
             ends = None if failure["duration"] is None else start + timedelta(seconds=failure["duration"])
@@ -289,6 +291,7 @@ def _expected_view(injected: list[tuple[dict[str, Any], datetime, int]], now: da
 
 def _seen(item: Published, hosts: dict[str, str]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """A published failure or notice as (condition, content), in the model's terms."""
+    key: tuple[Any, ...]
     data = item.event.data
     if item.kind == "failure":
         key = ("failure", hosts[data.host], data.kind.value, data.gpu_index, data.reason)

@@ -38,7 +38,7 @@ async def test_fleet_view_mirrors_puts_updates_and_deletes(kv: KeyValue) -> None
     view = FleetView(kv, resync_s=0.3)
     view.start()
     try:
-        await eventually(lambda: view.snapshot() is not None and "h1" in view.snapshot(), what="the initial value")
+        await eventually(lambda: "h1" in (view.snapshot() or {}), what="the initial value")
         await put_assignment(kv, assignment("h2", "g1"))
         await put_assignment(kv, assignment("h1", "g1", ("acme", "train"), ("globex", "sim"), generation=2))
         await eventually(lambda: getattr(view.assignment("h1"), "generation", 0) == 2, what="the update")

@@ -187,11 +187,17 @@ async def test_run_ticks_and_beats_on_the_agents_clock_until_stopped() -> None:
     running = asyncio.create_task(agent.run())
     await eventually(lambda: agent.ticks == 1 and len(raw.on(".heartbeat")) == 1, what="the first tick and beat")
     for expected_ticks in range(2, 5):
+
+        def beaten(n: int = expected_ticks) -> bool:
+            return len(raw.on(".heartbeat")) == 2 * n - 2
+
+        def ticked(n: int = expected_ticks) -> bool:
+            return agent.ticks == n
+
         clock.advance(0.5)
-        await eventually(lambda n=expected_ticks: len(raw.on(".heartbeat")) == 2 * n - 2,
-                         what="a heartbeat every 0.5 s")
+        await eventually(beaten, what="a heartbeat every 0.5 s")
         clock.advance(0.5)
-        await eventually(lambda n=expected_ticks: agent.ticks == n, what=f"tick {expected_ticks}")
+        await eventually(ticked, what=f"tick {expected_ticks}")
     agent.stop()
     await asyncio.wait_for(running, 2.0)
     assert agent.ticks == 4 and "failure" in sink.kinds(), "the failure at 2.5 s was seen at the 3 s tick"

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -127,7 +127,7 @@ async def test_sigkilled_agent_process_is_reported_to_each_affected_tenant_withi
     kv: KeyValue,
     provider_secret: bytes,
     agent_process: subprocess.Popen[bytes],
-    record_property: pytest.RecordProperty,
+    record_property: Callable[[str, object], None],
 ) -> None:
     jobs = {"acme": "llm-ft", "globex": "sim-7"}
     await put_assignment(kv, assignment("h9", "g1", *jobs.items()))

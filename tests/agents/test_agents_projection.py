@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -60,7 +61,7 @@ FLEET = {
 GROUP = {"h1": "g1", "h2": "g1", "h3": "g2", "h4": "g2"}
 
 
-def _everywhere(**parts: object) -> list[TenantEvent]:
+def _everywhere(**parts: Any) -> list[TenantEvent]:
     """Project the same kind of telemetry on every host of the fleet."""
     events: list[TenantEvent] = []
     for host, desired in FLEET.items():

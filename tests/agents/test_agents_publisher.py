@@ -11,7 +11,7 @@ from nats.js.errors import BadRequestError
 from broker_config.accounts import UserKeys
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
-from harmonaize.events import Failure, FailureKind, Severity, agent_source, make_event
+from harmonaize.events import CloudEvent, Failure, FailureKind, Severity, agent_source, make_event
 from harmonaize.subjects import tenant_event_subject
 from provider_agents.publisher import Backoff, CoreSink, JetStreamPublisher
 from provider_agents.runtime import connect_provider
@@ -23,7 +23,7 @@ FAST = Backoff(initial_s=0.001, max_s=0.01)
 SUBJECT = tenant_event_subject("acme", "failure", "train")
 
 
-def _event(n: int = 0):  # type: ignore[no-untyped-def]
+def _event(n: int = 0) -> CloudEvent[Failure]:
     data = Failure(
         kind=FailureKind.GPU_ERROR,
         host="h-0123456789abcdef",

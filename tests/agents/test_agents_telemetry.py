@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -122,6 +123,7 @@ def test_step_curves_hold_until_the_next_point() -> None:
     first = sim.sample().carbon
     clock.advance(4.0)
     second = sim.sample().carbon
+    assert first is not None and second is not None
     assert (first.g_per_kwh, second.g_per_kwh) == (380.0, 210.0)
     assert [p.g_per_kwh for p in first.forecast] == [210.0] and second.forecast == ()
 
@@ -227,7 +229,7 @@ def test_detect_source_prefers_nvml_only_when_it_sees_a_gpu() -> None:
 def test_without_pynvml_installed_the_real_loader_falls_back_to_the_simulator() -> None:
     pytest.importorskip("harmonaize")
     try:
-        import pynvml  # noqa: F401
+        importlib.import_module("pynvml")
     except ImportError:
         assert isinstance(detect_source("h1"), SimulatedHost)
     else:  # pragma: no cover - a GPU machine with nvidia-ml-py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from harmonaize.desired_state import AssignedJob, HostAssignment
 from harmonaize.events import MaintenanceKind, MaintenanceStatus
@@ -41,9 +42,9 @@ def _fleet(job: AssignedJob) -> dict[str, HostAssignment]:
     }
 
 
-def _telemetry(host: str, group: str, **parts: object) -> HostTelemetry:
+def _telemetry(host: str, group: str, **parts: Any) -> HostTelemetry:
     return HostTelemetry(host=host, locality_group=group, sampled_at=NOW,
-                         fabric=FabricSample(intra_group_gbps=400, inter_group_gbps=100), **parts)  # type: ignore[arg-type]
+                         fabric=FabricSample(intra_group_gbps=400, inter_group_gbps=100), **parts)
 
 
 def test_a_predicted_failure_asks_for_one_checkpoint_and_the_tightest_interval() -> None:

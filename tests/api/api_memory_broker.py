@@ -46,16 +46,15 @@ class InMemoryBroker:
         self.applied.append(list(tenants))
 
     def credentials(self, tenant: str, keys: UserKeys) -> TenantNatsCredentials:
-        values = {
-            "servers": list(SERVERS),
-            "account": f"T_{tenant}",
-            "user_public_key": keys.public_key,
-            "seed": keys.seed,
-            "stream": f"HZ_T_{tenant}",
-            "js_api_prefix": JS_API_PREFIX,
-            "subject_prefix": f"hz.t.{tenant}.",
-        }
-        return TenantNatsCredentials(**values)
+        return TenantNatsCredentials(
+            servers=list(SERVERS),
+            account=f"T_{tenant}",
+            user_public_key=keys.public_key,
+            seed=keys.seed,
+            stream=f"HZ_T_{tenant}",
+            js_api_prefix=JS_API_PREFIX,
+            subject_prefix=f"hz.t.{tenant}.",
+        )
 
 
     async def ensure_consumer(

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from api.models import OutboxTopic
 from harmonaize.desired_state import HostAssignment
-from harmonaize.events import DirectiveUpdate, JobUpdate, parse_event_as
+from harmonaize.events import DirectiveUpdate, EventData, JobUpdate, parse_event_as
 from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
 from tests.api.negotiation_kit import outbox
 
@@ -38,7 +38,8 @@ async def running(client: httpx.AsyncClient, acme: TenantHandle) -> TenantHandle
 
 async def events(app: FastAPI, kind: str) -> list[Any]:
     """acme's queued `kind` events about job train, oldest first (payloads parsed)."""
-    model = {"directive": DirectiveUpdate, "job": JobUpdate}[kind]
+    models: dict[str, type[EventData]] = {"directive": DirectiveUpdate, "job": JobUpdate}
+    model = models[kind]
     rows = [r for r in await outbox(app, OutboxTopic.TENANT_EVENT) if r.subject == f"hz.t.acme.events.{kind}.train"]
     return [parse_event_as(row.payload, model).data for row in rows]
 

@@ -24,7 +24,9 @@ from tests.api.test_api_job_runs_placement import desired, host, job_epoch, shap
 REPORTS = "/v1/provider/node-failures"
 
 
-def report(clock: FakeClock, *, reason: str = "frozen", epoch: int = 1, host_id: str = "h2", **extra: Any) -> dict:
+def report(
+    clock: FakeClock, *, reason: str = "frozen", epoch: int = 1, host_id: str = "h2", **extra: Any
+) -> dict[str, Any]:
     return {
         "tenant": "acme", "job": "train", "host": host_id, "epoch": epoch, "reason": reason, "step": 41,
         "detected_at": (clock() - timedelta(seconds=1)).isoformat(), "detail": "local rank 0 frozen: no beat for 5.2 s",

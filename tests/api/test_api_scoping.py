@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -134,7 +135,7 @@ async def test_admin_routes_refuse_tenant_tokens_and_anonymous_callers(
     admin_routes = [route for route in _routes(app) if route not in TENANT_ROUTES | PUBLIC_ROUTES]
     for method, path in admin_routes:
         url = _fill(path, values)
-        body = {} if method in ("POST", "PUT") else None
+        body: dict[str, Any] | None = {} if method in ("POST", "PUT") else None
         as_tenant = await client.request(method, url, json=body, headers=world.acme.headers)
         assert as_tenant.status_code == 403, (method, path, as_tenant.text)
         assert "admin" in as_tenant.json()["reason"]

@@ -48,7 +48,9 @@ async def test_r3_stream_accepts_publishes_after_its_leader_is_killed(tmp_path: 
 
         for n in range(100):
             await publish(n)
-        leader = (await js.stream_info("HZ_T_acme")).cluster.leader
+        cluster = (await js.stream_info("HZ_T_acme")).cluster
+        assert cluster is not None
+        leader = cluster.leader
         victim = next(s for s in servers if s.server_name == leader)
         victim.kill()
         for n in range(100, 200):
@@ -57,7 +59,7 @@ async def test_r3_stream_accepts_publishes_after_its_leader_is_killed(tmp_path: 
         survivors = [s for s in servers if s is not victim]
         info = await js.stream_info("HZ_T_acme")
         assert info.state.messages == 200
-        assert info.cluster.leader in {s.server_name for s in survivors}
+        assert info.cluster is not None and info.cluster.leader in {s.server_name for s in survivors}
         await nc.close()
     finally:
         for s in servers:

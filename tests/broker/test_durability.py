@@ -8,6 +8,7 @@ import time
 
 import nats
 import pytest
+from nats.aio.client import Client
 
 from broker_config.accounts import TenantAccount, UserKeys
 from broker_config.provisioner import NatsTenantBroker
@@ -46,7 +47,7 @@ async def _drain(sub: object, *, expect: int) -> list[int]:
 
 async def _consume_four_then_restart(
     nats_server: NatsServer, tenant_broker: NatsTenantBroker, seed: str, *, crash: bool
-) -> nats.aio.client.Client:
+) -> Client:
     await tenant_broker.ensure_consumer("acme", "ctl")
     await _publish(tenant_broker, "acme", range(10))
     acme = await nats.connect(nats_server.url, nkeys_seed_str=seed)

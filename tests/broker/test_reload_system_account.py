@@ -12,6 +12,7 @@ from pathlib import Path
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from broker_config.accounts import TenantAccount
 from broker_config.cluster import local_cluster, start_all
@@ -29,7 +30,7 @@ async def _load_times(system: Client, expected: int) -> dict[str, str]:
     """config_load_time of every server, from one PING (each server of the cluster answers it)."""
     times: dict[str, str] = {}
 
-    async def collect(msg: nats.aio.msg.Msg) -> None:
+    async def collect(msg: Msg) -> None:
         body = json.loads(msg.data)
         times[body["server"]["id"]] = body["data"]["config_load_time"]
 

@@ -30,7 +30,7 @@ def test_anything_else_is_refused_before_it_reaches_a_config_file(bad: str, tmp_
     with pytest.raises(ValueError, match="sync interval must be 'always' or a period"):
         ServerOptions(host="127.0.0.1", port=4222, store_dir=tmp_path, sync_interval=bad)
     with pytest.raises(ValueError, match="broker_sync_interval"):
-        Settings(_env_file=None, broker_sync_interval=bad)  # type: ignore[call-arg]
+        Settings(_env_file=None, broker_sync_interval=bad)
 
 
 def test_render_config_follows_the_setting_and_names_a_bad_value(tmp_path: Path) -> None:

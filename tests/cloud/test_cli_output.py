@@ -17,10 +17,10 @@ from nats.aio.msg import Msg
 
 from api.app import create_app
 from api.migrate import upgrade_async
+from api.serving import serve_api
 from broker_config.server import NatsServer
 from harmonaize.settings import Settings
 from harmonaize_cli.daily import figure
-from harmonaize_cli.local_cloud.launcher import serve_api
 from provider_agents.runtime import connect_provider
 from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT
 from tests.api.api_memory_broker import InMemoryBroker

@@ -34,6 +34,7 @@ import asyncpg
 import httpx
 import nats
 import pytest
+from nats.aio.msg import Msg
 from sqlalchemy.engine import make_url
 from typer.main import get_command
 from typer.testing import CliRunner
@@ -527,7 +528,7 @@ async def _check_the_cloud(cloud: LocalCompose, env: dict[str, str]) -> None:
     try:
         beating: set[str] = set()
 
-        async def on_heartbeat(msg: nats.aio.msg.Msg) -> None:
+        async def on_heartbeat(msg: Msg) -> None:
             beating.add(msg.subject.split(".")[3])
 
         await provider.subscribe(HEARTBEAT_FILTER, cb=on_heartbeat)

@@ -299,12 +299,13 @@ def test_capacity_buckets_and_bounds() -> None:
         bucket_for_free_gpus(-1)
     capacity = Capacity(groups=[{"group": GROUP, "free_gpus": "some"}], max_workers=4, as_of=T0)
     assert capacity.groups[0].free_gpus is Availability.SOME
-    for override, field in [
+    overrides: list[tuple[dict[str, Any], str]] = [
         ({"max_workers": -1}, "max_workers"),
         ({"max_workers": 4097}, "max_workers"),
         ({"groups": [{"group": GROUP, "free_gpus": 12}]}, "groups.0.free_gpus"),
         ({"groups": [{"group": "pod-7", "free_gpus": "few"}]}, "groups.0.group"),
-    ]:
+    ]
+    for override, field in overrides:
         with pytest.raises(ValidationError) as caught:
             Capacity(**{"groups": [], "max_workers": 4, "as_of": T0, **override})
         assert field in _fields_in(caught.value)

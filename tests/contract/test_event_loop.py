@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import platform
 import subprocess
@@ -61,7 +62,7 @@ def test_asking_for_uvloop_where_it_is_missing_says_so_and_runs_nothing(without_
     coroutine = main()
     with pytest.raises(EventLoopUnavailableError, match="uvloop is not installed"):
         run(coroutine, choice="uvloop")
-    assert coroutine.cr_frame is None, "the coroutine is closed, not left pending"
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED, "the coroutine is closed, not left pending"
     assert not started
 
 

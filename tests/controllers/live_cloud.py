@@ -19,13 +19,13 @@ from nats.js.api import ConsumerInfo
 
 from api.app import create_app
 from api.migrate import upgrade_async
+from api.serving import serve_api
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import tenant_stream_name
 from broker_config.server import NatsServer
 from harmonaize.events import CloudEvent
 from harmonaize.settings import Settings
 from harmonaize.subjects import tenant_event_subject
-from harmonaize_cli.local_cloud.launcher import serve_api
 
 ADMIN_TOKEN = "controllers-admin-token-0123456789"
 TENANT = "acme"

@@ -157,7 +157,7 @@ async def test_latest_observations_survive_a_restart(bus: MemoryBroker, api: Pro
     with HandledStore(path) as store:
         async with running(build(), source=MemoryEventSource(bus), api=api, store=store, resync_interval=0.05) as rt:
             bus.publish(carbon(123, at=T0))
-            await eventually(lambda: rt.stats.handled == 1 and seen and seen[-1] == 123, what="observed")
+            await eventually(lambda: rt.stats.handled == 1 and bool(seen) and seen[-1] == 123, what="observed")
     seen.clear()
     with HandledStore(path) as store:
         async with running(build(), source=MemoryEventSource(bus), api=api, store=store, resync_interval=60) as rt:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import tenant_controllers.examples
 from harmonaize.events import CongestionLevel, CongestionScope, FailureKind
@@ -21,7 +22,7 @@ from tests.support import eventually
 EXAMPLES = Path(tenant_controllers.examples.__file__).parent
 
 
-def negotiations(provider: FakeProvider) -> list[dict]:
+def negotiations(provider: FakeProvider) -> list[dict[str, Any]]:
     return sorted(provider.negotiations.values(), key=lambda n: n["created_at"])
 
 
@@ -60,8 +61,9 @@ async def test_failure_guard_asks_for_a_replacement_or_one_fewer_before_the_pred
     assert negotiation["terms"]["desired_workers"] == 2
     assert negotiation["terms"]["accept_workers"] == {"min": 1, "max": 2}
     assert negotiation["terms"]["replace_hosts"] == [predicted.data.host], "keeping the size replaces the host"
-    assert negotiation["terms"]["constraints"]["deadline"].startswith(
-        predicted.data.eta.isoformat().replace("+00:00", ""))
+    eta = predicted.data.eta
+    assert eta is not None
+    assert negotiation["terms"]["constraints"]["deadline"].startswith(eta.isoformat().replace("+00:00", ""))
     assert store.records()[0].outcome.endswith("replaced the worker")
 
 
@@ -69,7 +71,10 @@ async def test_congestion_repartitioner_switches_to_hsdp_and_back_with_hysteresi
     provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
 ) -> None:
     [ctl] = load_controllers(EXAMPLES / "congestion_repartitioner.py")
-    plan = lambda: provider.jobs["llm-finetune"]["parallel_plan"]  # noqa: E731
+
+    def plan() -> Any:
+        return provider.jobs["llm-finetune"]["parallel_plan"]
+
     async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
         bus.publish(congestion(CongestionLevel.HIGH, scope=CongestionScope.INTRA_GROUP, at=T0))
         bus.publish(congestion(CongestionLevel.HIGH, at=T0 + timedelta(minutes=1)))

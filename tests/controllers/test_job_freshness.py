@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from tenant_controllers import job as job_module
 from tenant_controllers.job import Job
 
 
@@ -178,7 +177,7 @@ class JoinWatch:
             self.joined.set()
             return real_shield(awaitable)
 
-        monkeypatch.setattr(job_module.asyncio, "shield", shield)
+        monkeypatch.setattr("tenant_controllers.job.asyncio.shield", shield)
 
 
 @pytest.fixture

@@ -41,7 +41,8 @@ async def test_job_reads_the_agreed_size_and_negotiate_accept_changes_it(
     assert (job.workers, job.min_workers, job.max_workers, job.parallel_plan) == (2, 1, 4, ParallelPlan.DDP)
 
     offer = await job.negotiate(scale_to=4, accept=(3, 4), carbon_cap=250)
-    assert offer.state is NegotiationState.OFFERED and offer.kind is NegotiationKind.SCALE
+    offered = offer.state  # a local, so that mypy's narrowing does not outlive accept()
+    assert offered is NegotiationState.OFFERED and offer.kind is NegotiationKind.SCALE
     assert [o.workers for o in offer.options] == [4] and offer.expires_at is not None
     accepted = await offer.accept()
     assert accepted.workers == 4 and offer.state is NegotiationState.ACCEPTED

@@ -108,7 +108,7 @@ async def test_a_consumer_deleted_under_the_requests_is_backed_off_from_then_res
     assert await _take_all(pull, 2) == [0, 1]
     provider = await tenant_broker.provider_connection()
     await provider.jetstream().delete_consumer(tenant_stream_name("acme"), "ctl")
-    await eventually(lambda: pull.problems, timeout=5, what="the broker ending our request")
+    await eventually(lambda: bool(pull.problems), timeout=5, what="the broker ending our request")
     sent_before = pull.requests_sent
     assert await pull.take(16, timeout=2.0) == []
     # Backing off 0.25, 0.5, 1 s...: a handful of requests in 2 s, not a hot loop of answered-at-once requests.

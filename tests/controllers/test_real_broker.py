@@ -63,7 +63,7 @@ async def test_typed_handlers_job_filter_dedup_and_error_semantics_over_the_real
     assert [(kind, workers) for _, kind, workers in failures] == [("host_down", 4), ("gpu_error", 4)]
     assert carbon_attempts == [120.0] * 3
     assert records == {("on_failure", Status.DONE), ("on_failure", Status.GAVE_UP), ("on_carbon", Status.DONE)}
-    assert set(info.config.filter_subjects or [info.config.filter_subject]) == {
+    assert set(info.config.filter_subjects or (info.config.filter_subject,)) == {
         "hz.t.acme.events.carbon.llm-finetune", "hz.t.acme.events.failure.llm-finetune"
     }, "the consumer asked only for this job's kinds with handlers"
     assert runtime.stats.received == 4, "the other job's failure never reached us"

@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from harmonaize.events import CarbonIntensity, parse_event
 from tenant_controllers.store import HandledStore, Status
@@ -52,7 +53,7 @@ class ControllerProcess:
     def run_ids(self) -> list[str]:
         return self.runs.read_text().split() if self.runs.exists() else []
 
-    def records(self) -> dict[str, object]:
+    def records(self) -> dict[str, Any]:
         path = self.state_dir / f"acme-ctl-llm-finetune-{self.name}.sqlite3"
         with HandledStore(path) as store:
             records = [r for r in store.records() if r.status == Status.DONE]

@@ -33,9 +33,11 @@ async def test_scale_offer_accept_changes_the_agreed_size(placed: LiveCloud, tmp
         job = await Job("llm-finetune", api=api).refresh()
         assert (job.workers, job.parallel_plan) == (2, ParallelPlan.DDP)
         offer = await job.negotiate(scale_to=4, accept=(3, 4))
-        assert offer.state is NegotiationState.OFFERED and offer.options and offer.expires_at is not None
+        offered = offer.state  # a local, so that mypy's narrowing does not outlive accept()
+        assert offered is NegotiationState.OFFERED and offer.options and offer.expires_at is not None
         chosen = await offer.accept(0)
         assert offer.state is NegotiationState.ACCEPTED
+        assert chosen.workers is not None
         assert (await job.refresh()).workers == chosen.workers >= 3
         assert await offer.accept(0) == chosen, "accepting again is harmless"
 
@@ -56,7 +58,8 @@ async def test_declined_counter_reject_cancel_and_errors_carry_the_servers_reaso
 
         first = await job.negotiate(scale_to=3)
         countered = await first.counter(scale_to=4, accept=(3, 4))
-        assert countered.round == 2 and countered.state is NegotiationState.OFFERED
+        offered = countered.state  # a local, so that mypy's narrowing does not outlive reject()
+        assert countered.round == 2 and offered is NegotiationState.OFFERED
         await countered.reject("changed our mind")
         assert countered.state is NegotiationState.REJECTED
         with pytest.raises(ConflictError) as conflict:
@@ -96,8 +99,9 @@ async def test_idempotency_keys_replay_defer_gets_a_later_start_and_an_unknown_r
 
         offer = await job.defer(start_after=timedelta(hours=1), deadline=timedelta(hours=12))
         assert offer.kind is NegotiationKind.DEFER and offer.state is NegotiationState.OFFERED
-        assert all(option.start_at is not None and option.start_at >= offer.terms.start_after
-                   for option in offer.options)
+        start_after = offer.terms.start_after
+        assert start_after is not None
+        assert all(option.start_at is not None and option.start_at >= start_after for option in offer.options)
         await offer.cancel("just looking")
         with pytest.raises(Declined) as declined:
             await job.migrate(region="XX-NOWHERE")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from harmonaize.events import parse_event
 from harmonaize.tracing import new_traceparent, trace_id
@@ -29,7 +30,7 @@ async def on_failure(event: Failure, job: Job) -> None:
 '''
 
 
-def _negotiation_events(database: Path) -> list[dict[str, object]]:
+def _negotiation_events(database: Path) -> list[dict[str, Any]]:
     with sqlite3.connect(database) as db:
         rows = db.execute("SELECT payload FROM outbox WHERE subject LIKE 'hz.t.acme.events.negotiation.%'").fetchall()
     return [json.loads(payload) for (payload,) in rows]
@@ -51,5 +52,5 @@ async def test_the_events_a_reaction_caused_carry_the_trace_of_the_event_that_ca
         await eventually(lambda: len(_negotiation_events(database)) >= 2, timeout=15,
                          what="offer and acceptance events")
     caused = _negotiation_events(database)
-    assert {payload["traceparent"].split("-")[1] for payload in caused} == {trace_id(origin)}  # type: ignore[union-attr]
+    assert {payload["traceparent"].split("-")[1] for payload in caused} == {trace_id(origin)}
     assert all(payload["traceparent"] != origin for payload in caused), "the controller's calls are a new span"

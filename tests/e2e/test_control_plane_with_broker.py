@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nats
@@ -40,7 +41,7 @@ async def api(
             yield client
 
 
-async def create_tenant(api: httpx.AsyncClient, tenant: str) -> dict:
+async def create_tenant(api: httpx.AsyncClient, tenant: str) -> dict[str, Any]:
     reply = await api.post("/v1/tenants", json={"id": tenant, "display_name": tenant.title()}, headers=ADMIN)
     assert reply.status_code == 201, reply.text
     return reply.json()

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +22,11 @@ import httpx
 
 from api.app import create_app
 from api.migrate import upgrade_async
+from api.serving import serve_api
 from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
 from harmonaize.settings import Settings
-from harmonaize_cli.local_cloud.launcher import serve_api
 from provider_agents.markers import cloud_id, host_prefix
 from provider_agents.processes import marked_processes, signal_marked
 
@@ -198,6 +198,10 @@ class ElasticCloud:
             text = path.read_text(errors="replace")
             parts.append(f"==== {path.relative_to(self.data_dir)}\n{text[-4000:]}")
         return "\n".join(parts)
+
+
+CloudFactory = Callable[..., Awaitable[ElasticCloud]]
+"""The `make_cloud` fixture: `cloud = await make_cloud(hosts=("h1", "h2"), scenario=path)` (elastic_cloud's options)."""
 
 
 @asynccontextmanager

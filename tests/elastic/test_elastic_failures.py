@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.elastic.harness import ElasticCloud, mlp_job, wait_for
+from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,10 +30,10 @@ def _host_of_rank0(cloud: ElasticCloud, job: str) -> str:
     raise AssertionError("no host has the job's progress file")
 
 
-async def _checkpointed(cloud: ElasticCloud, job: str) -> dict:
+async def _checkpointed(cloud: ElasticCloud, job: str) -> dict[str, Any]:
     """Progress once the job runs at world size 2 and has written a checkpoint (so recovery has one to load)."""
 
-    async def probe() -> dict | None:
+    async def probe() -> dict[str, Any] | None:
         progress = await cloud.progress(job)
         ok = progress and progress["world_size"] == 2 and progress["last_checkpoint_step"] is not None
         return progress if ok else None
@@ -40,7 +41,7 @@ async def _checkpointed(cloud: ElasticCloud, job: str) -> dict:
     return await wait_for(probe, timeout=90, what="a checkpoint at world size 2", interval=0.2)
 
 
-async def _survivors_resume(cloud: ElasticCloud, job: str, *, world: int, epoch: int, started: float) -> dict:
+async def _survivors_resume(cloud: ElasticCloud, job: str, *, world: int, epoch: int, started: float) -> dict[str, Any]:
     progress = await cloud.running_at(job, world=world, epoch_at_least=epoch + 1, steps_after=1)
     elapsed = time.monotonic() - started
     assert elapsed < RECOVERY_BUDGET_S, f"recovery took {elapsed:.1f} s"
@@ -78,7 +79,7 @@ def _last_logged_step(log: Path) -> int:
 
 
 async def test_predicted_failure_checkpoints_so_at_most_one_step_is_lost(
-    make_cloud, tmp_path: Path  # type: ignore[no-untyped-def]
+    make_cloud: CloudFactory, tmp_path: Path
 ) -> None:
     scenario = tmp_path / "predicted.yaml"
     scenario.write_text(
@@ -89,7 +90,7 @@ async def test_predicted_failure_checkpoints_so_at_most_one_step_is_lost(
     cloud: ElasticCloud = await make_cloud(hosts=("h1", "h2"), scenario=scenario)
     await cloud.create_job("train", initial_workers=2, **mlp_job(extra=("--log-every", "1")))
 
-    async def checkpointing_every_step() -> dict | None:
+    async def checkpointing_every_step() -> dict[str, Any] | None:
         progress = await cloud.progress("train")
         if progress and progress["checkpoint_interval_steps"] == 1 and progress["directives_version"] >= 1:
             return progress

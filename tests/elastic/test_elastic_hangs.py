@@ -30,7 +30,7 @@ from harmonaize.pseudonyms import host_pseudonym
 from provider_agents.hang_detector import HangBounds
 from provider_agents.node_watch import WATCH_INTERVAL_S
 from provider_agents.processes import marked_processes
-from tests.elastic.harness import ElasticCloud, mlp_job, wait_for
+from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,7 +83,7 @@ async def failure_events(broker: NatsTenantBroker, job: str) -> list[Failure]:
 
 
 async def test_a_frozen_node_on_a_healthy_host_is_declared_hung_and_the_job_goes_on_without_it(
-    make_cloud, tenant_broker: NatsTenantBroker  # type: ignore[no-untyped-def]
+    make_cloud: CloudFactory, tenant_broker: NatsTenantBroker
 ) -> None:
     cloud: ElasticCloud = await make_cloud(hosts=("h1", "h2"))
     await cloud.create_job("train", initial_workers=2, **mlp_job())
@@ -129,7 +129,7 @@ async def test_a_frozen_node_on_a_healthy_host_is_declared_hung_and_the_job_goes
 
 
 async def test_a_node_the_launcher_gave_up_on_shows_in_the_status_the_events_and_jobs_show(
-    make_cloud, tenant_broker: NatsTenantBroker  # type: ignore[no-untyped-def]
+    make_cloud: CloudFactory, tenant_broker: NatsTenantBroker
 ) -> None:
     cloud: ElasticCloud = await make_cloud(hosts=("h1",))
     await cloud.create_job(

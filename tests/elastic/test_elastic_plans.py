@@ -6,26 +6,28 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from provider_agents.processes import alive
-from tests.elastic.harness import ElasticCloud, mlp_job, wait_for
+from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 
-async def test_repartition_ddp_to_hsdp_resumes_from_resharded_state(make_cloud) -> None:  # type: ignore[no-untyped-def]
+async def test_repartition_ddp_to_hsdp_resumes_from_resharded_state(make_cloud: CloudFactory) -> None:
     cloud: ElasticCloud = await make_cloud(hosts=("h1", "h2", "h3", "h4"))
     await cloud.create_job("train", initial_workers=4, **mlp_job(delay_ms=50))
     before = await cloud.running_at("train", world=4, steps_after=5)
     assert before["parallel_plan"] == "ddp"
     await cloud.negotiate("train", {"kind": "repartition", "terms": {"parallel_plan": "hsdp"}})
 
-    async def hsdp() -> dict | None:
+    async def hsdp() -> dict[str, Any] | None:
         progress = await cloud.progress("train")
-        ok = progress and progress["parallel_plan"] == "hsdp" and progress["epoch"] > before["epoch"]
-        return progress if ok and progress["step"] > (progress["resumed_from_step"] or 0) else None
+        if not progress or progress["parallel_plan"] != "hsdp" or progress["epoch"] <= before["epoch"]:
+            return None
+        return progress if progress["step"] > (progress["resumed_from_step"] or 0) else None
 
     after = await wait_for(hsdp, timeout=120, what="the job running as HSDP", interval=0.2)
     assert after["world_size"] == 4
@@ -36,7 +38,7 @@ async def test_repartition_ddp_to_hsdp_resumes_from_resharded_state(make_cloud) 
 
 
 async def test_congestion_makes_the_micro_loop_compress_within_the_ranges(
-    make_cloud, tmp_path: Path  # type: ignore[no-untyped-def]
+    make_cloud: CloudFactory, tmp_path: Path
 ) -> None:
     scenario = tmp_path / "congested.yaml"
     scenario.write_text(
@@ -47,7 +49,7 @@ async def test_congestion_makes_the_micro_loop_compress_within_the_ranges(
     cloud: ElasticCloud = await make_cloud(hosts=("h1", "h2"), scenario=scenario)
     await cloud.create_job("train", initial_workers=2, **mlp_job())
 
-    async def compressed() -> dict | None:
+    async def compressed() -> dict[str, Any] | None:
         progress = await cloud.progress("train")
         return progress if progress and progress["compression"] == "fp16" else None
 
@@ -68,7 +70,7 @@ async def test_a_directive_the_job_cannot_apply_is_refused_and_the_tenant_sees_w
     assert issued.status_code == 200, issued.text
     version = issued.json()["version"]
 
-    async def refused() -> dict | None:
+    async def refused() -> dict[str, Any] | None:
         listed = (await cloud.tenant.get("/v1/jobs/train/directives")).json()
         return next((d for d in listed if d["version"] == version and d["state"] == "refused"), None)
 

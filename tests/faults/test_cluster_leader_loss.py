@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import nats
@@ -121,8 +122,8 @@ async def test_nothing_acknowledged_is_lost_when_the_stream_leader_dies_mid_publ
         assert duplicates(holdings) == {}, f"stored twice: {duplicates(holdings)}"
 
 
-async def _at_least(count: object, n: int) -> bool:
-    return await count() >= n  # type: ignore[operator, no-any-return]
+async def _at_least(count: Callable[[], Awaitable[int]], n: int) -> bool:
+    return await count() >= n
 
 
 async def _leader(js: object) -> str:

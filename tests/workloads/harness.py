@@ -54,7 +54,7 @@ WIDE_RANGES = JobRanges(
 )
 
 
-def wait_for(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05) -> T:
+def wait_for(predicate: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll `predicate` until it returns something truthy (returned), or fail after `timeout` s naming `what`."""
     deadline = time.monotonic() + timeout
     while True:

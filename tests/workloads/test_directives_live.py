@@ -79,9 +79,9 @@ def test_directives_are_applied_or_refused_at_one_step_boundary(job: JobDirs, cl
     assert progress.checkpoint_interval_steps == 5
     wait_for(lambda: any(step > v4_step for step in job.checkpoint_steps()), timeout=15,
              what="a periodic checkpoint at the new interval")
-    progress = job.progress()
-    assert progress is not None and progress.loss is not None and math.isfinite(progress.loss)
-    assert [o.version for o in progress.outcomes] == [1, 2, 3, 4]
+    last = job.progress()
+    assert last is not None and last.loss is not None and math.isfinite(last.loss)
+    assert [o.version for o in last.outcomes] == [1, 2, 3, 4]
 
     node.terminate()
     node.wait(timeout=35)

@@ -131,7 +131,8 @@ def test_a_blocked_worker_keeps_beating_and_a_stopped_one_is_found_frozen(
 
 @pytest.fixture
 def single_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    store = dist.HashStore()  # type: ignore[attr-defined]  # torch.distributed re-exports it without listing it
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

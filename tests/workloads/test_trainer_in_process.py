@@ -25,7 +25,8 @@ from workloads.trainer import TrainingRun
 
 @pytest.fixture(autouse=True)
 def single_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    store = dist.HashStore()  # type: ignore[attr-defined]  # torch.distributed re-exports it without listing it
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
