@@ -119,10 +119,11 @@ class BenchBroker:
 
     def credentials(self, tenant: str, keys: Any) -> Any:
         from broker_config.accounts import TenantNatsCredentials
+        from harmonaize.subjects import tenant_subject_prefix
 
         return TenantNatsCredentials(
             servers=["nats://127.0.0.1:4222"], account=f"T_{tenant}", user_public_key=keys.public_key, seed=keys.seed,
-            stream=f"HZ_T_{tenant}", js_api_prefix="$JS.hz.API", subject_prefix=f"hz.t.{tenant}.",
+            stream=f"HZ_T_{tenant}", js_api_prefix="$JS.hz.API", subject_prefix=tenant_subject_prefix(tenant),
         )
 
     async def ensure_consumer(

@@ -78,11 +78,13 @@ from broker_config.provisioner import NatsTenantBroker, connect_with_seed  # noq
 from broker_config.render import render_accounts, tenant_stream_name  # noqa: E402
 from broker_config.server import NatsServer, free_port, nats_server_binary  # noqa: E402
 from broker_config.streams import tenant_events_stream, tenant_pull_consumer  # noqa: E402
+from harmonaize.events import EventKind  # noqa: E402
+from harmonaize.subjects import tenant_event_subject  # noqa: E402
 
 HOST = "127.0.0.1"
 PROVIDER_SECRET = b"bench-provider-secret-0123456789abcdef"
 TENANT = "acme"
-SUBJECT = "hz.t.acme.events.carbon.j1"
+SUBJECT = tenant_event_subject(TENANT, EventKind.CARBON, "j1")
 CONSUMER = "bench"
 TIMEOUTS = (asyncio.TimeoutError, nats.errors.TimeoutError)
 
@@ -503,7 +505,7 @@ async def control_plane(
             if deadline.expired:
                 break
             tenant = f"cp{i:03d}"
-            subject = f"hz.t.{tenant}.events.carbon.j1"
+            subject = tenant_event_subject(tenant, EventKind.CARBON, "j1")
             new_keys = broker.new_user_keys()
             wanted = [*tenants, TenantAccount(tenant, new_keys.public_key)]
             # side measurement, outside apply: one reload of an unchanged file, polled every 5 ms

@@ -40,7 +40,7 @@ from broker_config.render import (
 )
 from broker_config.server import BrokerError, check_accounts_text
 from broker_config.streams import ACK_WAIT_S, tenant_events_stream, tenant_pull_consumer
-from harmonaize.subjects import tenant_slice
+from harmonaize.subjects import tenant_subject_prefix
 
 
 def reload_by_pid_file(pid_file: Path) -> Callable[[], None]:
@@ -166,7 +166,7 @@ class NatsTenantBroker:
             seed=keys.seed,
             stream=tenant_stream_name(tenant),
             js_api_prefix=TENANT_JS_PREFIX,
-            subject_prefix=tenant_slice(tenant)[:-1],
+            subject_prefix=tenant_subject_prefix(tenant),
         )
 
     async def provider_connection(self, **options: object) -> Client:

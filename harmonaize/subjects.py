@@ -42,6 +42,7 @@ __all__ = [
     "tenant_event_subject",
     "tenant_events_filter",
     "tenant_slice",
+    "tenant_subject_prefix",
 ]
 
 TENANT_ROOT: Final = "hz.t"
@@ -134,6 +135,11 @@ def parse_job_directives_subject(subject: str) -> JobDirectivesSubject:
 def tenant_slice(tenant: str) -> str:
     """Everything one tenant may publish or subscribe to: the only permission its credentials get."""
     return _join(TENANT_ROOT, validate_id("tenant", tenant), REST)
+
+
+def tenant_subject_prefix(tenant: str) -> str:
+    """`hz.t.<tenant>.`: the prefix a tenant's credentials tell it to put on its subjects (`tenant_slice` less `>`)."""
+    return _join(TENANT_ROOT, validate_id("tenant", tenant), "")
 
 
 def provider_subject(*tokens: str) -> str:

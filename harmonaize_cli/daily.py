@@ -233,16 +233,15 @@ def events_tail(
     as_json: Annotated[bool, typer.Option("--json", help="Print each CloudEvent as JSON.")] = False,
 ) -> None:
     """Print the tenant's events as they arrive (live), until Ctrl-C or `--count`."""
-    from harmonaize.events import UnknownEventKindError, parse_kind
-    from harmonaize.ids import InvalidIdError, validate_id
+    from harmonaize.events import UnknownEventKindError
+    from harmonaize.ids import InvalidIdError
+    from harmonaize.subjects import tenant_events_filter
 
     settings = _settings()
     tenant = _need(settings.tenant, "HZ_TENANT", TENANT_HINT)
     seed = _need(settings.tenant_nats_seed, "HZ_TENANT_NATS_SEED", TENANT_HINT)
     try:
-        kind_token = parse_kind(kind).value if kind else "*"
-        job_token = validate_id("job", job) if job else "*"
-        subject = f"hz.t.{validate_id('tenant', tenant)}.events.{kind_token}.{job_token}"
+        subject = tenant_events_filter(tenant, kind=kind or None, job=job or None)
     except (UnknownEventKindError, InvalidIdError) as exc:
         _fail(str(exc), code=2)
     from harmonaize import event_loop

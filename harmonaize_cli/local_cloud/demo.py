@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from harmonaize.subjects import parse_tenant_event_subject, tenant_events_filter
 from harmonaize_cli.local_cloud.fleet import LocalFleet
 from harmonaize_cli.local_cloud.launcher import LocalCloudInfo
 
@@ -226,14 +227,14 @@ class DemoStory:
         nc = await nats.connect(nats_url, nkeys_seed_str=tenant_env["HZ_TENANT_NATS_SEED"], name="hz-demo-watch")
 
         async def on_event(msg: Any) -> None:
-            kind = msg.subject.split(".")[4]
+            kind = parse_tenant_event_subject(msg.subject).kind.value
             self.summary.events[kind] += 1
             if kind == "negotiation":
                 data = json.loads(msg.data).get("data", {})
                 key = str(data.get("negotiation_id"))
                 self.negotiation_rounds[key] = max(self.negotiation_rounds.get(key, 0), int(data.get("round", 0)))
 
-        await nc.subscribe(f"hz.t.{tenant_env['HZ_TENANT']}.events.>", cb=on_event)
+        await nc.subscribe(tenant_events_filter(tenant_env["HZ_TENANT"]), cb=on_event)
         return nc
 
     # -- the story -----------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from harmonaize.events import MaintenanceKind, UtcDatetime
 from harmonaize.ids import ID_PATTERN
+from harmonaize.subjects import provider_subject
 from provider_agents.telemetry.model import RegionCode
 
 __all__ = [
@@ -224,7 +225,7 @@ class Scenario(_Spec):
         return self.carbon.get(region, CarbonSpec())
 
 
-SCENARIO_INJECT_SUBJECT = "hz.p.scenario.inject"
+SCENARIO_INJECT_SUBJECT = provider_subject("scenario", "inject")
 """Provider-internal: where `harmonaize scenario run` sends episodes to every running simulated host."""
 
 

@@ -21,6 +21,7 @@ from harmonaize.subjects import (
     tenant_event_subject,
     tenant_events_filter,
     tenant_slice,
+    tenant_subject_prefix,
 )
 
 INJECTION_ATTEMPTS = [
@@ -87,6 +88,11 @@ def test_slice_and_stream_filter() -> None:
     assert ALL_TENANT_EVENTS == "hz.t.*.events.*.*"
 
 
+def test_subject_prefix_is_the_slice_without_its_wildcard() -> None:
+    assert tenant_subject_prefix("acme") == "hz.t.acme."
+    assert tenant_slice("acme") == tenant_subject_prefix("acme") + REST
+
+
 def test_provider_subjects() -> None:
     assert provider_subject("hosts", "gpu-node-17", "commands") == "hz.p.hosts.gpu-node-17.commands"
     assert provider_filter("telemetry", ANY, "gpu") == "hz.p.telemetry.*.gpu"
@@ -103,6 +109,8 @@ def test_builders_refuse_bad_tenant(bad: object) -> None:
         job_directives_subject(bad, "job-1")  # type: ignore[arg-type]
     with pytest.raises(InvalidIdError):
         tenant_slice(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidIdError):
+        tenant_subject_prefix(bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", INJECTION_ATTEMPTS)
