@@ -13,7 +13,7 @@ from api.models_node_failures import JobNodeFailure
 from api.schemas import MAX_INT, MAX_POWERSGD_RANK, _Body
 from harmonaize.events import FailureKind
 from harmonaize.job_runtime import JobProgress
-from harmonaize.jobs import Compression, ParallelPlan
+from harmonaize.jobs import Compression, JobPhase, ParallelPlan
 from harmonaize.pseudonyms import host_pseudonym
 
 
@@ -83,6 +83,10 @@ class JobStatusPublic(BaseModel):
     """The job's latest reported progress (absent until its first step) and the shapes it ran in."""
 
     job_id: str
+    phase: JobPhase = Field(
+        description="Where the job stands: pending, placed, running, restarting (at `placement_epoch`), finished or "
+        "failed (a node of `placement_epoch` given up, or failures took its last worker)."
+    )
     desired_workers: int
     parallel_plan: ParallelPlan
     placement_epoch: int

@@ -38,7 +38,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from harmonaize.desired_state import RestartMode
-from harmonaize.jobs import DirectiveState, ParallelPlan
+from harmonaize.jobs import DirectiveState, JobPhase, ParallelPlan
 from harmonaize.negotiation import Actor, NegotiationKind, NegotiationState, RoundAction
 
 ID_LENGTH = 63
@@ -179,6 +179,10 @@ class Job(Base):
         _enum(RestartMode, "restart_mode", 16), default=RestartMode.GRACEFUL, server_default=RestartMode.GRACEFUL.value
     )
     directives: Mapped[dict[str, object] | None] = mapped_column(JSON, default=None)
+    phase: Mapped[JobPhase] = mapped_column(
+        _enum(JobPhase, "job_phase", 16), default=JobPhase.PENDING, server_default=JobPhase.PENDING.value
+    )
+    """Where the job stands; changed only through `api.services.job_lifecycle`."""
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

@@ -184,6 +184,11 @@ class JobProgress(_Model):
     gradient_accumulation: int = Field(default=1, ge=1, le=MAX_COUNT)
     directives_version: int = Field(default=0, ge=0, le=MAX_COUNT, description="The last directives version handled.")
     outcomes: tuple[DirectiveOutcome, ...] = Field(default=(), max_length=MAX_OUTCOMES)
+    finished: bool = Field(
+        default=False,
+        description="The training run is over (its last step, or the script closed it without a stop request): "
+        "the final report. A run that stops for a new epoch is not finished.",
+    )
     updated_at: datetime
 
 

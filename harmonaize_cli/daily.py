@@ -194,7 +194,7 @@ def jobs_show(
         _print_json({"job": job, "status": status, "timeline": timeline, "directives": directives})
         return
     typer.echo(f"{job['id']}: {job['desired_workers']} worker(s) agreed ({job['min_workers']}-{job['max_workers']}), "
-               f"plan {job['parallel_plan']}, epoch {job['placement_epoch']}")
+               f"plan {job['parallel_plan']}, epoch {job['placement_epoch']}, {status.get('phase', 'phase unknown')}")
     progress = status.get("progress")
     if progress is None:
         typer.echo("  no progress reported yet")

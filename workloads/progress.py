@@ -107,6 +107,7 @@ class ProgressReporter:
         batch_size: int,
         gradient_accumulation: int,
         directives_version: int,
+        finished: bool = False,
     ) -> bool:
         """Write progress if forced or the last write is at least MIN_INTERVAL_S old; True when written."""
         if self.path is None:
@@ -133,6 +134,7 @@ class ProgressReporter:
             gradient_accumulation=gradient_accumulation,
             directives_version=max(0, directives_version),
             outcomes=tuple(self.outcomes),
+            finished=finished,
             updated_at=datetime.now(UTC),
         )
         write_model_atomically(self.path, progress)

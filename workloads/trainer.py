@@ -129,6 +129,8 @@ class TrainingRun:
         self._restored_outcomes: list[DirectiveOutcome] = []
         self._meter = ThroughputMeter()
         self._stop_reason = ""
+        self._stop_agreed = False
+        """The ranks agreed to stop on a request (a new epoch): the run is not over, whatever ends the script."""
         self.parallel: ParallelSetup
         self._module: nn.Module
         self._model: nn.Module
@@ -384,6 +386,7 @@ class TrainingRun:
             saved = True
         if stop or finished:
             self._running = False
+            self._stop_agreed = self._stop_agreed or stop
         self._report(force=saved or directives is not None or not self._running)
 
     def _handle_directives(self, directives: Directives) -> bool:
@@ -535,6 +538,7 @@ class TrainingRun:
             batch_size=settings.batch_size,
             gradient_accumulation=settings.gradient_accumulation,
             directives_version=self._handled_version,
+            finished=(self._closed or not self._running) and not self._stop_agreed,
         )
 
     def _info(self, message: str, *args: object) -> None:

@@ -40,6 +40,7 @@ async def get_job_status(
     failures = await node_failures.recent_node_failures(session, tenant_id=tenant.id, job_id=job_id)
     return JobStatusPublic(
         job_id=job.id,
+        phase=job.phase,
         desired_workers=job.desired_workers,
         parallel_plan=job.parallel_plan,
         placement_epoch=job.placement_epoch,

@@ -25,6 +25,7 @@ from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Allocation, Host, Job
+from api.services.job_lifecycle import advance, epoch_event
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
 from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
@@ -139,10 +140,13 @@ async def _renew_epochs(
         placement = await _job_placement(session, job, now=now)
         if placement == job.placement:
             continue
+        # the row is about to change: lock it now and read the phase a concurrent progress report may have moved
+        await session.refresh(job, ["phase"], with_for_update=True)
         old_hosts = set(_placement_hosts(job.placement))
         job.placement = placement
         job.placement_epoch = job.placement_epoch + 1
         job.restart_mode = restart
+        advance(job, epoch_event(workers_placed=bool(_placement_hosts(placement)), restart=restart))
         touched |= old_hosts | set(_placement_hosts(placement))
     await session.flush()
     return touched

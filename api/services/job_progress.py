@@ -4,7 +4,8 @@ Reports arrive from whichever host runs the job's global rank 0, at least once a
 launcher may relay a stale file from before a restart), so they are applied monotonically: a report older than the
 stored one (lower epoch, or the same epoch and a lower step) only contributes what is new in it (directive outcomes).
 The timeline gets a row, and the tenant a `JobUpdate` event, whenever the job first runs in a new shape (epoch,
-world size, plan): that is when an agreement was actually carried out, and from which checkpoint.
+world size, plan): that is when an agreement was actually carried out, and from which checkpoint. A newer report
+from the job's current epoch moves its phase (`job_lifecycle`): running, or finished with the run's final report.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.models import Job, JobStatus, JobTimelineEntry
 from api.services.errors import NotFoundError
 from api.services.job_directives import record_outcome
+from api.services.job_lifecycle import JobEvent, advance
 from api.services.outbox import enqueue_tenant_event
 from harmonaize.events.job import JobUpdate
 from harmonaize.job_runtime import DirectiveState, JobProgress
@@ -26,7 +28,9 @@ async def report_progress(session: AsyncSession, progress: JobProgress, *, now: 
     """Store a progress report and commit; True when it was newer than what was stored."""
     tenant_id, job_id = progress.tenant, progress.job
     try:
-        if await session.get(Job, (tenant_id, job_id)) is None:
+        # locked first: the report may move the job's phase, as a concurrent new epoch may
+        job = await session.get(Job, (tenant_id, job_id), with_for_update=True, populate_existing=True)
+        if job is None:
             raise NotFoundError("job not found")
         for outcome in progress.outcomes:
             await record_outcome(
@@ -59,6 +63,8 @@ async def report_progress(session: AsyncSession, progress: JobProgress, *, now: 
                 status.epoch, status.step, status.world_size = progress.epoch, progress.step, progress.world_size
                 status.progress, status.reported_at = payload, now
             await _extend_timeline(session, progress, now=now)
+            if progress.epoch == job.placement_epoch:
+                advance(job, JobEvent.FINISH if progress.finished else JobEvent.PROGRESS)
         await session.commit()
         return newer
     except BaseException:

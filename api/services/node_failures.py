@@ -7,8 +7,9 @@ job gets a new epoch with an *immediate* restart, as after a host outage (`host_
 host stays up and eligible: its agent answers and its other jobs run, so its freed GPUs may be placed again, also for
 the tenant's own replacement request (nothing counts hangs per host yet to take a host that keeps hanging jobs out).
 
-A node out of restarts keeps its place: it is recorded, shown in the job's status and told, and the tenant decides
-(a replacement, a smaller size, or a fix of its code, which fails on every node alike more often than not).
+A node out of restarts keeps its place: it is recorded, shown in the job's status (whose phase becomes `failed`: the
+job stands still until its epoch moves on) and told, and the tenant decides (a replacement, a smaller size, or a fix
+of its code, which fails on every node alike more often than not).
 
 The tenant learns of either from a `Failure` event (`node_hung` or `node_failed`, the launcher's reason as the reason
 code, the host under the tenant's pseudonym), queued in the transaction that records it.
@@ -29,6 +30,7 @@ from api.models import Allocation, Host, Job
 from api.models_node_failures import JobNodeFailure
 from api.services.errors import ConflictError, NotFoundError
 from api.services.host_assignments import write_host_assignments
+from api.services.job_lifecycle import JobEvent, advance
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_tenant_event
 from harmonaize.desired_state import RestartMode
@@ -111,6 +113,8 @@ async def report_node_failure(
             job.desired_workers -= gpus // job.gpus_per_worker
             await session.flush()
             await write_host_assignments(session, {report.host}, now=now, restart=RestartMode.IMMEDIATE)
+        else:
+            advance(job, JobEvent.GIVE_UP)
         session.add(
             JobNodeFailure(
                 tenant_id=report.tenant,
