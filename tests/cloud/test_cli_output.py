@@ -81,6 +81,7 @@ async def test_jobs_show_rounds_samples_per_second(tenant_env: dict[str, str]) -
     assert shown.returncode == 0, shown.stderr
     assert "samples/s 1117.4 " in shown.stdout and "1117.41" not in shown.stdout, shown.stdout
     assert "loss 0.12346 " in shown.stdout, shown.stdout
+    assert ", epoch 0, pending\n" in shown.stdout, "the job's phase: it has no worker placed"
     raw = await harmonaize(tenant_env, "jobs", "show", "train", "--json")
     assert json.loads(raw.stdout)["status"]["progress"]["samples_per_s"] == 1117.4160867616915, "JSON stays exact"
 
