@@ -528,12 +528,13 @@ def make_timed_source(**kwargs: Any) -> Any:
 
 def timed_api(base_url: str, token: str) -> Any:
     """The real ProviderApi, noting how long each `get_job` (the runtime's `job.refresh()`) takes (instrumentation)."""
+    from harmonaize.rest import JobPublic
     from tenant_controllers.api_client import ProviderApi
 
     class TimedApi(ProviderApi):
         get_job_s: list[float] = []
 
-        async def get_job(self, job_id: str) -> dict[str, Any]:
+        async def get_job(self, job_id: str) -> JobPublic:
             t0 = time.perf_counter()
             try:
                 return await super().get_job(job_id)
@@ -547,11 +548,14 @@ def timed_api(base_url: str, token: str) -> Any:
 
 def cached_job_api(base_url: str, token: str, snapshot: dict[str, Any]) -> Any:
     """A ProviderApi whose `get_job` answers from memory; every other call goes to the real API."""
+    from harmonaize.rest import JobPublic
     from tenant_controllers.api_client import ProviderApi
 
+    job = JobPublic.model_validate(snapshot)  # parsed once, as the real get_job parses each reply (frozen: shared)
+
     class CachedJobApi(ProviderApi):
-        async def get_job(self, job_id: str) -> dict[str, Any]:
-            return dict(snapshot)
+        async def get_job(self, job_id: str) -> JobPublic:
+            return job
 
     return CachedJobApi(base_url=base_url, token=token)
 
