@@ -13,12 +13,11 @@ import json
 import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
-if TYPE_CHECKING:
-    from harmonaize.settings import Settings
+from harmonaize.cli_errors import fail, settings_or_fail
 
 # Imported by `harmonaize` on every invocation: only typer here; the rest inside the commands (harmonaize_cli/main.py).
 
@@ -30,21 +29,10 @@ jobs_app = typer.Typer(help="The tenant's jobs, their progress and the shapes th
 scenario_app = typer.Typer(help="Inject scenarios into a running local cloud (provider).", no_args_is_help=True)
 
 
-def _fail(message: str, *, code: int = 1) -> NoReturn:
-    typer.echo(f"harmonaize: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _settings() -> Settings:
-    from harmonaize_cli.main import load_settings
-
-    return load_settings()
-
-
 def _need(value: object, variable: str, hint: str) -> str:
     text = value.get_secret_value() if hasattr(value, "get_secret_value") else value
     if not text:
-        _fail(f"{variable} is not set ({hint})", code=2)
+        fail(f"{variable} is not set ({hint})", code=2)
     return str(text)
 
 
@@ -59,7 +47,7 @@ class _TenantApi:
     def __init__(self) -> None:
         import httpx
 
-        settings = _settings()
+        settings = settings_or_fail()
         token = _need(settings.tenant_token, "HZ_TENANT_TOKEN", TENANT_HINT)
         self.url = settings.resolved_api_url
         self._client = httpx.Client(
@@ -80,15 +68,15 @@ class _TenantApi:
         try:
             reply = self._client.get(path, params={k: v for k, v in params.items() if v is not None})
         except httpx.TransportError as exc:
-            _fail(f"cannot reach the API at {self.url}: {exc}")
+            fail(f"cannot reach the API at {self.url}: {exc}")
         if reply.status_code in (401, 403):
-            _fail(f"the API refused the tenant token: {reply.json().get('reason', reply.text)}", code=2)
+            fail(f"the API refused the tenant token: {reply.json().get('reason', reply.text)}", code=2)
         if reply.status_code == 422:
-            _fail(reply.json().get("reason", reply.text), code=2)
+            fail(reply.json().get("reason", reply.text), code=2)
         if reply.status_code == 404 and missing is not None:
-            _fail(f"{missing} not found")
+            fail(f"{missing} not found")
         if reply.status_code >= 400:
-            _fail(reply.json().get("reason", reply.text) if reply.content else str(reply.status_code))
+            fail(reply.json().get("reason", reply.text) if reply.content else str(reply.status_code))
         return reply.json()
 
 
@@ -102,7 +90,7 @@ def _job_id(value: str) -> str:
     try:
         return validate_id("job", value)
     except InvalidIdError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
 
 
 def figure(value: float | None) -> str:
@@ -237,13 +225,13 @@ def events_tail(
     from harmonaize.ids import InvalidIdError
     from harmonaize.subjects import tenant_events_filter
 
-    settings = _settings()
+    settings = settings_or_fail()
     tenant = _need(settings.tenant, "HZ_TENANT", TENANT_HINT)
     seed = _need(settings.tenant_nats_seed, "HZ_TENANT_NATS_SEED", TENANT_HINT)
     try:
         subject = tenant_events_filter(tenant, kind=kind or None, job=job or None)
     except (UnknownEventKindError, InvalidIdError) as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     from harmonaize import event_loop
 
     try:
@@ -262,7 +250,7 @@ async def _tail(url: str, seed: str, subject: str, *, count: int | None, as_json
     try:
         nc = await asyncio.wait_for(nats.connect(url, nkeys_seed_str=seed, name="hz-events-tail"), 10)
     except Exception as exc:
-        _fail(f"cannot connect to the broker at {url}: {exc!r}")
+        fail(f"cannot connect to the broker at {url}: {exc!r}")
     done = asyncio.Event()
     seen = 0
 
@@ -303,8 +291,8 @@ def scenario_run(
     try:
         scenario = load_scenario(file)
     except ScenarioError as exc:
-        _fail(str(exc), code=2)
-    settings = _settings()
+        fail(str(exc), code=2)
+    settings = settings_or_fail()
     secret = _need(settings.provider_secret, "HZ_PROVIDER_SECRET", "source .hz/admin.env")
     injection = ScenarioInjection(scenario=scenario, at=datetime.now(UTC) + timedelta(seconds=delay))
     replies = event_loop.run(
@@ -314,7 +302,7 @@ def scenario_run(
     applied = sorted(r["host"] for r in replies if r.get("applied"))
     refused = sorted(f"{r['host']} ({r.get('reason')})" for r in replies if not r.get("applied"))
     if not replies:
-        _fail("no simulated host answered: is the local cloud running (harmonaize up)?")
+        fail("no simulated host answered: is the local cloud running (harmonaize up)?")
     typer.echo(f"injected {file.name} into {len(applied)} host(s): {', '.join(applied) or 'none'}"
                + (f"; not applied on {', '.join(refused)}" if refused else ""))
 
@@ -347,7 +335,7 @@ async def _inject(url: str, secret: bytes, payload: bytes, wait: float) -> list[
         )
     except Exception as exc:
         cause = f" ({errors[-1]!r})" if errors and errors[-1] is not exc else ""
-        _fail(f"cannot connect to the broker at {url}: {exc!r}{cause}")
+        fail(f"cannot connect to the broker at {url}: {exc!r}{cause}")
     replies: list[dict[str, Any]] = []
 
     async def collect(msg: Any) -> None:
@@ -361,7 +349,7 @@ async def _inject(url: str, secret: bytes, payload: bytes, wait: float) -> list[
         await nc.flush()
         await asyncio.sleep(wait)  # replies from an unknown number of hosts: collect for a fixed window
         if nc.is_closed or errors:
-            _fail(f"the broker at {url} failed during the injection: {errors[-1] if errors else 'connection lost'}")
+            fail(f"the broker at {url} failed during the injection: {errors[-1] if errors else 'connection lost'}")
     finally:
         await nc.close()
     return replies

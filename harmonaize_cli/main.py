@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from harmonaize import __version__
+from harmonaize.cli_errors import fail, settings_or_fail
 from harmonaize_cli.daily import events_app, jobs_app, negotiations_app, scenario_app
 from harmonaize_cli.lazy import lazy_command, lazy_group
 from harmonaize_cli.services import app as services_app
@@ -49,27 +50,6 @@ app.add_typer(negotiations_app, name="negotiations")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(scenario_app, name="scenario")
 app.add_typer(services_app)  # `api ...`, `broker ...`
-
-
-def fail(message: str, *, code: int = 1) -> NoReturn:
-    typer.echo(f"harmonaize: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, with command-line overrides; a bad value is one line naming the variable."""
-    from pydantic import ValidationError
-
-    from harmonaize.settings import Settings
-
-    try:
-        settings = Settings()
-        values = {k: v for k, v in overrides.items() if v is not None}
-        return Settings.model_validate({**settings.model_dump(), **values}) if values else settings
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "settings"
-        fail(f"bad configuration: HZ_{field.upper()}: {first['msg']}", code=2)
 
 
 @app.command()
@@ -114,7 +94,7 @@ def up(
     from harmonaize_cli.local_cloud.fleet import fleet_of
     from harmonaize_cli.local_cloud.launcher import LocalCloudError, LocalCloudInfo, run_local_cloud
 
-    settings = load_settings(data_dir=data_dir, api_port=api_port)
+    settings = settings_or_fail(data_dir=data_dir, api_port=api_port)
     if scenario is not None and not scenario.is_file():
         fail(f"scenario file not found: {scenario}", code=2)
 
@@ -187,7 +167,7 @@ def demo(
         data_dir = Path(tempfile.mkdtemp(prefix="hz-demo-"))
     elif data_dir.exists() and any(data_dir.iterdir()):
         fail(f"--data-dir {data_dir} is not empty: the demo needs a fresh cloud", code=2)
-    settings = load_settings(data_dir=data_dir, api_port=0)
+    settings = settings_or_fail(data_dir=data_dir, api_port=0)
     scenario = data_dir / "demo-scenario.yaml"
     data_dir.mkdir(parents=True, exist_ok=True)
     scenario.write_text(DEMO_SCENARIO)
@@ -210,7 +190,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     """Create or migrate the schema (the only way the schema is created)."""
     from api.migrate import upgrade
 
-    settings = load_settings()
+    settings = settings_or_fail()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         upgrade(settings, revision)
@@ -225,7 +205,7 @@ def db_downgrade(revision: Annotated[str, typer.Argument(help="Target revision, 
     from api.migrate import downgrade
 
     try:
-        downgrade(load_settings(), revision)
+        downgrade(settings_or_fail(), revision)
     except Exception as exc:
         fail(f"downgrade to {revision} failed: {exc}")
     typer.echo(f"database at {revision}")
@@ -237,7 +217,7 @@ def db_current() -> None:
     from api.migrate import current
 
     try:
-        typer.echo(current(load_settings()) or "(no schema: run 'harmonaize db upgrade')")
+        typer.echo(current(settings_or_fail()) or "(no schema: run 'harmonaize db upgrade')")
     except Exception as exc:
         fail(f"cannot read the schema revision: {exc}")
 
@@ -268,7 +248,7 @@ def tenants_create(
         validate_id("tenant", tenant_id)
     except InvalidIdError as exc:
         fail(str(exc), code=2)
-    settings = load_settings()
+    settings = settings_or_fail()
     try:
         with _admin_client(settings) as client:
             reply = client.post("/v1/tenants", json={"id": tenant_id, "display_name": display_name or tenant_id})
@@ -284,7 +264,7 @@ def tenants_list() -> None:
     """List tenants."""
     import httpx
 
-    settings = load_settings()
+    settings = settings_or_fail()
     try:
         with _admin_client(settings) as client:
             reply = client.get("/v1/tenants")

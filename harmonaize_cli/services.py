@@ -37,9 +37,11 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from harmonaize.cli_errors import fail, settings_or_fail
 
 if TYPE_CHECKING:
     from harmonaize.settings import Settings
@@ -61,34 +63,16 @@ class ReloadMode(enum.StrEnum):
     pid_file = "pid-file"
 
 
-def _fail(message: str, *, code: int = 1) -> NoReturn:
-    typer.echo(f"harmonaize: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _settings() -> Settings:
-    from pydantic import ValidationError
-
-    from harmonaize.settings import Settings
-
-    try:
-        return Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "settings"
-        _fail(f"bad configuration: HZ_{field.upper()}: {first['msg']}", code=2)
-
-
 def _secret(settings: Settings) -> bytes:
     if settings.provider_secret is None or not settings.provider_secret.get_secret_value():
-        _fail("HZ_PROVIDER_SECRET is not set (the provider's root secret; its NATS keys are derived from it)", code=2)
+        fail("HZ_PROVIDER_SECRET is not set (the provider's root secret; its NATS keys are derived from it)", code=2)
     return settings.provider_secret.get_secret_value().encode()
 
 
 def _host_port(value: str, option: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        _fail(f"{option} {value!r}: expected HOST:PORT, e.g. 0.0.0.0:4222", code=2)
+        fail(f"{option} {value!r}: expected HOST:PORT, e.g. 0.0.0.0:4222", code=2)
     return host, int(port)
 
 
@@ -116,7 +100,7 @@ def api_serve(
         from api.log_context import configure_json_logging
 
         configure_json_logging(log_level.upper())
-    settings = _settings()
+    settings = settings_or_fail()
     secret = _secret(settings)
     try:
         started = event_loop.run(
@@ -134,7 +118,7 @@ def api_serve(
     except KeyboardInterrupt:
         return
     if not started:
-        _fail("the API did not start (see the messages above)")
+        fail("the API did not start (see the messages above)")
 
 
 async def _serve(
@@ -161,7 +145,7 @@ async def _serve(
         try:
             await upgrade_async(settings)
         except Exception as exc:  # alembic and the drivers raise many types; the operator needs the message
-            _fail(f"migrating the database failed: {str(exc).splitlines()[0] if str(exc) else repr(exc)}")
+            fail(f"migrating the database failed: {str(exc).splitlines()[0] if str(exc) else repr(exc)}")
         typer.echo("harmonaize api: database at the newest schema", err=True)
     strategy = (
         SystemAccountReload()
@@ -179,7 +163,7 @@ async def _serve(
             negotiation=NegotiationOptions(carbon_speedup=carbon_speedup),
         )
     except ConfigurationError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     try:
         try:
             serving = await serve_api(served.app, host=settings.api_host, port=settings.api_port, log_level=log_level)
@@ -217,12 +201,12 @@ def api_bootstrap(
         tenant = None if tenant is None else validate_id("tenant", tenant)
         job = None if job is None else validate_id("job", job)
     except InvalidIdError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     if job is not None and tenant is None:
-        _fail("--job needs --tenant (the job is submitted as that tenant)", code=2)
-    settings = _settings()
+        fail("--job needs --tenant (the job is submitted as that tenant)", code=2)
+    settings = settings_or_fail()
     if settings.admin_token is None or not settings.admin_token.get_secret_value():
-        _fail("HZ_ADMIN_TOKEN is not set (bootstrap registers hosts and tenants as the provider's admin)", code=2)
+        fail("HZ_ADMIN_TOKEN is not set (bootstrap registers hosts and tenants as the provider's admin)", code=2)
     hosts = _scenario_hosts(scenario) if scenario is not None else []
     job_body = None
     if job is not None:
@@ -238,7 +222,7 @@ def api_bootstrap(
     try:
         _bootstrap(settings, hosts=hosts, tenant=tenant, credentials_dir=credentials_dir, job=job_body, wait_s=wait)
     except _BootstrapError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 class _BootstrapError(RuntimeError):
@@ -252,7 +236,7 @@ def _scenario_hosts(path: Path) -> list[dict[str, object]]:
     try:
         loaded = load_scenario(path)
     except (ScenarioError, OSError) as exc:
-        _fail(f"cannot read scenario {path}: {exc}", code=2)
+        fail(f"cannot read scenario {path}: {exc}", code=2)
     return [
         {
             "id": host,
@@ -375,7 +359,7 @@ def broker_render_config(
     )
     from broker_config.server import BrokerError, validate_config_file
 
-    settings = _settings()
+    settings = settings_or_fail()
     keys = ProviderKeys(_secret(settings))
     directory = out if out is not None else settings.resolved_broker_config_file.parent
     host, port = _host_port(listen, "--listen")
@@ -407,5 +391,5 @@ def broker_render_config(
         try:
             validate_config_file(path)
         except BrokerError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         typer.echo(f"{path}: written")

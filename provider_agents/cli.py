@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from harmonaize import event_loop
+from harmonaize.cli_errors import fail, settings_or_fail
 from harmonaize.ids import InvalidIdError, validate_id
 from harmonaize.settings import Settings
 from provider_agents.changes import DEFAULT_CARBON_EVERY
@@ -29,19 +29,9 @@ __all__ = ["app"]
 app = typer.Typer(help="Provider host agents and the fleet monitor.", no_args_is_help=True)
 
 
-def _fail(message: str, *, code: int = 1) -> NoReturn:
-    typer.echo(f"harmonaize: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def _settings(nats_url: str | None) -> Settings:
-    try:
-        settings = Settings()
-        return settings.model_copy(update={"nats_url": nats_url}) if nats_url else settings
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "settings"
-        _fail(f"bad configuration: HZ_{field.upper()}: {first['msg']}", code=2)
+    settings = settings_or_fail()
+    return settings.model_copy(update={"nats_url": nats_url}) if nats_url else settings
 
 
 def _logging(level: str) -> None:
@@ -54,12 +44,12 @@ def _id(kind: str, value: str | None) -> str | None:
     try:
         return validate_id(kind, value)
     except InvalidIdError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
 
 
 def _region(value: str | None) -> str | None:
     if value is not None and not re.fullmatch(REGION_PATTERN, value):
-        _fail(f"invalid region {value!r}: expected a public grid zone key such as US-CAL-CISO or DE", code=2)
+        fail(f"invalid region {value!r}: expected a public grid zone key such as US-CAL-CISO or DE", code=2)
     return value
 
 
@@ -120,7 +110,7 @@ def agent(
         settings = _settings(nats_url)
         event_loop.run(run_agent(settings, options), choice=settings.event_loop)
     except (SettingsError, ScenarioError, SourceUnavailableError) as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     except KeyboardInterrupt:
         pass
 
@@ -150,7 +140,7 @@ def fleet_monitor(
         settings = _settings(nats_url)
         event_loop.run(run_fleet_monitor(settings, options), choice=settings.event_loop)
     except SettingsError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     except KeyboardInterrupt:
         pass
 

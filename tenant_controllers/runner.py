@@ -26,6 +26,7 @@ from types import ModuleType
 from pydantic import ValidationError
 
 from harmonaize import event_loop
+from harmonaize.cli_errors import describe_settings_error, report
 from harmonaize.heap import freeze_startup_heap
 from harmonaize.settings import Settings
 from tenant_controllers.api_client import ProviderApi
@@ -196,9 +197,7 @@ def main(
     try:
         settings = Settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "settings"
-        return _fail(f"bad configuration: HZ_{field.upper()}: {first['msg']}", EXIT_CONFIG)
+        return _fail(describe_settings_error(exc), EXIT_CONFIG)
     try:
         controllers = load_controllers(script)
         credentials = credentials_from(settings, controllers)
@@ -256,5 +255,6 @@ async def _serve(
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"harmonaize controller: {message}", file=sys.stderr)
+    """Report like every command, and return the code: `main` returns its exit code rather than exiting."""
+    report(message, program="harmonaize controller")
     return code
