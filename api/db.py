@@ -5,12 +5,12 @@ SQLite is configured for one process serving concurrent requests:
 - `busy_timeout` on *every* connection (a connect event), so a lock held by another process is waited for instead of
   failing at once with "database is locked";
 - foreign keys on (SQLite leaves them off by default, per connection);
-- a single pooled connection: measured (on a 2-core machine) as the same throughput as a wider pool with p99 down from
-  ~1 s to ~65 ms, because requests queue for the one writer in the pool instead of fighting over SQLite's file lock;
-- real transactions: Python's sqlite3 driver opens a transaction only before INSERT/UPDATE/DELETE, so DDL (every
-  migration step) and the reads before a conditional write ran outside any transaction, and a failed multi-revision
-  downgrade left tables dropped. The driver's own handling is switched off and SQLAlchemy emits `BEGIN` itself
-  (the documented recipe), so a migration or a use case is all or nothing on SQLite too.
+- a single pooled connection: as much throughput as a wider pool and a far lower p99, because requests queue for
+  the one writer in the pool instead of fighting over SQLite's file lock;
+- real transactions: Python's sqlite3 driver opens a transaction only before INSERT/UPDATE/DELETE, which would leave
+  DDL (every migration step) and the reads before a conditional write outside any transaction (a failed
+  multi-revision downgrade would leave tables dropped). The driver's own handling is switched off and SQLAlchemy
+  emits `BEGIN` itself (the documented recipe), so a migration or a use case is all or nothing on SQLite too.
 
 PostgreSQL (`postgresql+asyncpg://...` in HZ_DATABASE_URL) gets an ordinary connection pool, whose connections are
 pinged before use, so one that died with a database restart is replaced instead of failing a request.

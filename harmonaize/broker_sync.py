@@ -21,7 +21,7 @@ def check_sync_interval(value: str) -> str:
     broker's host, at the price of one fsync per stored event (its latency and jitter are the disk's); with a period,
     acknowledged events of the last period can be lost in such a crash (a process crash or restart loses nothing
     either way, the page cache survives it). A replicated stream (the `cluster` profile) also holds each event on other
-    hosts, but Jepsen (2025) found acknowledged writes lost there too without `always`, so the default stays `always`.
+    hosts, but Jepsen (2025) found acknowledged writes lost there too without `always`, so the default is `always`.
     """
     if value != SYNC_ALWAYS and not _PERIOD.fullmatch(value):
         raise ValueError(f"sync interval must be 'always' or a period like 500ms, 10s or 2m; got {value!r}")

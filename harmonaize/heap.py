@@ -1,10 +1,10 @@
 """Keep the garbage collector's full passes short in the processes that carry events.
 
 CPython's collector walks every tracked object on a full (generation 2) pass. An agent or a controller holds on the
-order of 100k objects from start-up (modules, pydantic schemas, the NATS client) that live as long as the process;
-a full pass over them took 25-30 ms in bench/bench_events.py's fleet process, stalling every event in flight for that
-long (at 1,000 events/s, a few such passes a minute are the p99). `gc.freeze()` moves what is alive at that moment to
-a permanent generation that collections skip, so later full passes walk only what was created since (~1 ms there).
+order of 100k objects from start-up (modules, pydantic schemas, the NATS client) that live as long as the process, so
+a full pass over them stalls every event in flight long enough to set the p99 latency. `gc.freeze()` moves what is
+alive at that moment to a permanent generation that collections skip, so later full passes walk only what was created
+since. The figures: bench/HISTORY.md ("Then: the start-up heap frozen").
 Start-up objects are not garbage; a cycle among them would simply never be collected.
 """
 

@@ -58,7 +58,7 @@ class WorkerRange(IntRange):
     """Worker counts a tenant would accept in a negotiation; 0 is a count (scale to nothing)."""
 
     ORDER_MESSAGE: ClassVar[str | None] = "min must be <= max"
-    """The SDK and negotiation 422s have always said this; tenants' handlers may match on it."""
+    """The SDK and the negotiation 422s say exactly this, and tenants' handlers may match on it: keep it stable."""
 
     min: int = Field(ge=0, le=MAX_WORKERS)
     max: int = Field(ge=0, le=MAX_WORKERS)

@@ -68,5 +68,5 @@ class EventData(ContractModel):
 
 @functools.cache
 def _type_name_of(model: type[EventData]) -> str:
-    """Built once per model: it is asked for several times per event made or decoded (~2 us each time)."""
+    """Built once per model: it is asked for several times per event made or decoded."""
     return event_type_name(model.KIND, model.VERSION)
