@@ -292,8 +292,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     if needed is not None:
-        typer.echo(f"harmonaize: {needed}", err=True)
-        sys.exit(2)
+        fail(needed, code=2)
 
 
 if __name__ == "__main__":
