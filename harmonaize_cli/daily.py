@@ -312,8 +312,8 @@ async def _inject(url: str, secret: bytes, payload: bytes, wait: float) -> list[
 
     A one-shot connection, not the long-running processes' `connect_provider`: that one reconnects forever and
     reports every disconnection, and nats-py runs a connection's disconnected callback on a deliberate close() too,
-    so each normal exit printed "connection to the broker lost or closed". Here a broker lost mid-command is an
-    error to report, and the close at the end is quiet."""
+    so every normal exit would report a lost broker. Here a broker lost mid-command is an error to report, and the
+    close at the end is quiet."""
     import asyncio
 
     import nats

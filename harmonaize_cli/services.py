@@ -11,19 +11,16 @@ part in a container of its own, from one image, so each part needs a command tha
   default (`broker_config/reload.py`): the API container shares the rendered config with the broker through a
   volume, but not a pid namespace, so SIGHUP by pid cannot work there. `--broker-reload pid-file` keeps the
   signal for a broker on the same host.
-* `harmonaize broker render-config` writes the broker's config before the broker starts: a one-shot init service in
-  compose (`broker-init`), run before `nats` because nats-server cannot start without its config, and the API (which
-  could render it too) itself waits for a healthy broker. Rendering needs only the provider secret: the accounts
-  file with no tenant accounts is enough to start; when the API starts it reconciles the file with the tenant
-  registry (create_app's start-up order) and reloads the broker. An accounts file already on the volume is kept
-  while it holds the provider keys of the current secret, so tenants can connect across restarts before the API is
-  back; otherwise (a new secret) it is rewritten. `--cluster-node` also writes one config per node of a cluster
-  (`cluster-<node>.conf`), all including the same accounts file, with routes among them.
-* `harmonaize api bootstrap` makes a fresh control plane usable for the demo, idempotently: registers the hosts of a
-  scenario (the simulated agents' fleet), creates a tenant once and writes its credentials to `<dir>/.env`
-  (mode 0600), and optionally submits a job as that tenant. Credentials are shown by the API only once, hence the
-  file; a `.env` because `Settings` reads one from the working directory, so a controller started there (compose:
-  `working_dir`) needs no wrapper script to pick them up.
+* `harmonaize broker render-config` writes the broker's config before the broker starts (compose's one-shot
+  `broker-init`): nats-server cannot start without it, and the API waits for a healthy broker. It needs only the
+  provider secret: an accounts file without tenants is enough to start, and the API reconciles it with the tenant
+  registry when it starts. An accounts file already on the volume is kept while it holds the current secret's
+  provider keys, so tenants can connect across restarts before the API is back. `--cluster-node` also writes one
+  config per node (`cluster-<node>.conf`), all including the same accounts file, with routes among them.
+* `harmonaize api bootstrap` makes a fresh control plane usable for the demo, idempotently: registers a scenario's
+  hosts, creates a tenant once and writes its credentials to `<dir>/.env` (mode 0600; the API shows them only
+  once), and optionally submits a job as that tenant. A `.env` because `Settings` reads one from the working
+  directory, so a controller started there (compose: `working_dir`) needs no wrapper script.
 
 Messages follow the CLI's rule: one line on stderr, exit 2 for bad input or configuration, 1 at run time. `harmonaize`
 imports this module on every invocation, so it imports only typer at module level; settings, the event loop, FastAPI,
