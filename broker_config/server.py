@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import random
 import shutil
 import signal
 import socket
@@ -81,10 +82,34 @@ def validate_config_file(path: Path) -> None:
         raise BrokerError(f"broker config {path} is invalid: {(result.stderr or result.stdout).strip()}")
 
 
+LISTEN_PORT_FLOOR = 20000
+"""The lowest port `free_port` hands out: above the registered services most machines run."""
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a server that binds it a moment later.
+
+    Chosen below the kernel's ephemeral range when there is room: a port the kernel hands out for `bind(0)` comes from
+    the same range as every outgoing connection's local port, so between choosing it and the server binding it, any
+    connect() on the machine may take it (a busy test run does, and the server then fails with "address in use").
+    """
+    low = _ephemeral_low()
+    if low - LISTEN_PORT_FLOOR >= 1000:
+        for _ in range(200):
+            port = random.randrange(LISTEN_PORT_FLOOR, low)
+            if port_is_free(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # unknown: fall back to the kernel's choice
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -7,14 +7,16 @@ scripted scenario while a real training job runs and the three example tenant co
 * 0: a neighbour's batch job holds h4; our job gets 2 workers (h1, h2) -> training at world size 2.
 * 40: carbon drops to 150 g/kWh -> the carbon-aware scaler asks for 4, the provider counters with 3 (h4 is taken),
   accepted; a third node joins.
+* 50: a live migration of h1 is announced for 95-110 s -> the provider's micro loop, alone and inside the tenant's
+  ranges: checkpoint now, then every step while it is pending (nothing to negotiate: the job keeps running).
 * 60: the neighbour's batch job ends: h4 is free -> the scaler, carbon still low, gets its 4th worker.
 * 75: a failure is predicted on h2 -> the failure guard asks to keep its size: the provider moves h2's worker to a
   healthy host, or, with none free, the job shrinks off h2; no step lost.
 * 90: h2 dies, as predicted -> nothing to recover: the job left it.
 * 100: h3 dies without warning -> outage reported, the survivors re-form at once; the steps since the last checkpoint
   are lost.
-* 120: congestion between the locality groups -> the micro loop proposes compression; the congestion repartitioner
-  switches DDP -> HSDP.
+* 120: congestion between the locality groups -> the congestion repartitioner switches DDP -> HSDP (the micro loop
+  proposes compression only while the job is still DDP).
 * end: the negotiation history over REST, and a summary.
 
 Nothing here fakes an outcome: the driver only creates the jobs, ends the neighbour's, kills the hosts at the
@@ -70,6 +72,8 @@ predicted_failures:
   - {host: h2, at: 75s, eta: 90s, confidence: 0.9, gpu: 0, reason: ecc_uncorrectable_rising}
 congestion:
   - {groups: [g1, g2], link: spine-1:eth7, start: 120s, duration: 600s, slowdown: 2.5}
+maintenance:
+  - {host: h1, notice: chg-demo-1, kind: live_migrate, announce: 50s, start: 95s, end: 110s}
 """
 NEIGHBOUR_ENDS_AT_S = 60.0
 PREDICTED_HOST = "h2"
