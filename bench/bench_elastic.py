@@ -40,6 +40,12 @@ error, SIGINT or SIGTERM every process carrying either is sent SIGCONT and SIGKI
 
 Run from the repository root: `python bench/bench_elastic.py` (~4.5 min quiet, ~5.5 busy), `--repeat N` (each repeat
 as long again), `--json PATH`. No timed assertions: it prints figures.
+
+* **torchft** (when installed: `pip install torchft==0.2.0`, not a project dependency; otherwise one line says so and
+  the column is skipped): bench/torchft_side.py, first in each repeat, or alone with `--only torchft`. 3
+  replica groups of 1 process on a torchft lighthouse; scale-up 2 -> 3, graceful scale-down 3 -> 2, kill -9 and
+  SIGSTOP of 1 of 3 groups (-> 2); also the survivors' longest step gap (`torchft_gap_s`). A torchft "node" is a
+  replica group, so `node_freeze` (summary only) is the same case as `freeze`.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torchft_side  # noqa: E402 - the torchft baseline, importing torchft only when it runs
 from _benchutil import (
     ROOT,
     clean_nan,
@@ -842,6 +849,14 @@ def summarize(reps: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
             entry["ratio_upper_bound"] = median(ours) / args.freeze_cap
         entry["torchrun_case"] = tr_key
         summary[row_id(ours_key, tr_key)] = entry
+    tf = {key: [t for rep in reps if (t := rep.get("torchft", {}).get(key))] for key in torchft_side.SCENARIOS}
+    if any(tf.values()):
+        for key, runs in tf.items():
+            summary[key]["torchft_s"] = median([t["seconds"] for t in runs]) if runs else None
+            summary[key]["torchft_gap_s"] = median([t["gap_s"] for t in runs]) if runs else None
+        summary["node_freeze"] = {"torchft_s": summary["freeze"]["torchft_s"],
+                                  "torchft_gap_s": summary["freeze"]["torchft_gap_s"],
+                                  "note": "torchft: a node is a replica group, the same case as freeze"}
     for key in ("kill", "freeze"):
         after = [t["seconds"] - t["stages"]["failure event (down_at)"] for rep in reps
                  if (t := rep.get("ours", {}).get(key)) and t["seconds"] is not None
@@ -921,9 +936,13 @@ def render(reps: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, 
              "tenant (API)", "first step"]
     lines += ["", "where the time goes (median s after the trigger; '-': no such stage or not reached)",
               table(["", *short], rows)]
-    reaped = {side: sum(rep.get("reaped", {}).get(side, 0) for rep in reps) for side in ("ours", "torchrun")}
+    if any(rep.get("torchft") for rep in reps):
+        lines += ["", render_torchft(reps)]
+    reaped = {side: sum(rep.get("reaped", {}).get(side, 0) for rep in reps)
+              for side in ("ours", "torchrun", "torchft")}
     lines += ["", f"checks: processes left after a side and reaped by marker: ours {reaped['ours']}, "
-                  f"torchrun {reaped['torchrun']}"]
+                  f"torchrun {reaped['torchrun']}"
+              + (f", torchft {reaped['torchft']}" if any("torchft" in rep.get("reaped", {}) for rep in reps) else "")]
     for rep in reps:
         for side, error in rep.get("errors", {}).items():
             lines.append(f"ERROR in repeat {rep['repeat']}, {side}: {error} (the figures after it are missing)")
@@ -934,6 +953,26 @@ def render(reps: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, 
     return "\n".join(lines)
 
 
+def render_torchft(reps: list[dict[str, Any]]) -> str:
+    """The torchft column: its own table, since its failures are 3 -> 2 groups (ours and torchrun's: 2 -> 1)."""
+    s = torchft_side.settings()
+    rows = []
+    for key, label in [("scale_up", "scale-up 2 -> 3 (3rd group started)"),
+                       ("scale_down", "scale-down 3 -> 2 (SIGTERM: leaves after its step)"),
+                       ("kill", "kill -9 of 1 of 3 groups -> first step at 2"),
+                       ("freeze", "SIGSTOP of 1 of 3 groups (= node_freeze) -> first step at 2")]:
+        runs = [t for rep in reps if (t := rep.get("torchft", {}).get(key))]
+        rows.append([label, _fmt_s([t["seconds"] for t in runs]), _fmt_s([t["gap_s"] for t in runs]),
+                     ", ".join(str(t["steps_lost"]) for t in runs) or "-",
+                     "yes" if any(t["survivors_restarted"] for t in runs) else "no"])
+    return "\n".join([
+        f"torchft {s['torchft']} (bench/torchft_side.py): 3 replica groups x 1 process, lighthouse join timeout "
+        f"{s['join_timeout_ms']} ms, heartbeat {s['heartbeat_s']:.0f} s (timeout {s['heartbeat_timeout_ms']} ms), "
+        f"gloo/manager timeout {s['timeout_s']:.0f} s, {s['wrapper']}",
+        table(["torchft transition", "torchft s", "survivors' longest step gap s", "steps lost", "survivor restarted"],
+              rows)])
+
+
 # -- main -------------------------------------------------------------------------------------------------------------
 
 
@@ -941,7 +980,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeat", type=int, default=1, help="repeats, each running ours and torchrun alone (default 1,"
                                                           " ~5 min each); the side that goes first alternates")
-    ap.add_argument("--only", choices=["ours", "torchrun"], help="run one side only (no ratios)")
+    ap.add_argument("--only", choices=["ours", "torchrun", "torchft"], help="run one side only (no ratios)")
     ap.add_argument("--step-delay-ms", type=float, default=50.0, help="the job's sleep after each step (default 50)")
     ap.add_argument("--checkpoint-interval", type=int, default=20, help="the job's checkpoint interval (default 20)")
     ap.add_argument("--settle-steps", type=int, default=25,
@@ -961,9 +1000,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def bench(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> list[dict[str, Any]]:
     reps: list[dict[str, Any]] = []
+    with_torchft = args.only in (None, "torchft") and torchft_side.available()
+    if args.only in (None, "torchft") and not with_torchft:
+        log(torchft_side.INSTALL_HINT)
     for r in range(args.repeat):
         sides = [args.only] if args.only else (["ours", "torchrun"] if r % 2 == 0 else ["torchrun", "ours"])
         rep: dict[str, Any] = {"repeat": r + 1, "loadavg": {}}
+        sides = [s for s in sides if s != "torchft"]
+        if with_torchft:
+            rep["loadavg"]["torchft"] = loadavg()
+            log(f"repeat {r + 1}/{args.repeat}: torchft (load average {loadavg()})")
+            try:
+                got = await asyncio.to_thread(
+                    torchft_side.run_scenarios, 1, marker=f"{TAG}-tf{r + 1}-",
+                    step_delay_ms=int(args.step_delay_ms), timeout=min(args.timeout, 60.0), workdir=workdir,
+                    keep=args.keep, progress=lambda m: log("  " + m))
+                rep["torchft"] = {k: v["runs"][0] for k, v in got.items() if k != "node_freeze" and v["runs"]}
+            except Exception as exc:  # report what was measured, and why the rest was not
+                log(f"  torchft stopped: {exc!r}")
+                rep.setdefault("errors", {})["torchft"] = repr(exc)
+            finally:
+                rep.setdefault("reaped", {})["torchft"] = len(reap())
         for side in sides:
             log(f"repeat {r + 1}/{args.repeat}: {side} (load average {loadavg()})")
             rep["loadavg"][side] = loadavg()
