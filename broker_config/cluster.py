@@ -31,6 +31,17 @@ def local_cluster(directory: Path, *, accounts_text: str, size: int = 3, name: s
 
 
 def start_all(servers: list[NatsServer], *, timeout: float = 30.0) -> None:
-    """Start every node; each accepts clients before the cluster has formed, so callers wait for JetStream."""
-    for server in servers:
-        server.start(timeout=timeout)
+    """Start every node; each accepts clients before the cluster has formed, so callers wait for JetStream.
+
+    If a node cannot start, the ones already running are stopped before the error goes on: the caller never got the
+    cluster, so nothing else would stop them.
+    """
+    started: list[NatsServer] = []
+    try:
+        for server in servers:
+            server.start(timeout=timeout)
+            started.append(server)
+    except BaseException:
+        for server in reversed(started):
+            server.stop()
+        raise

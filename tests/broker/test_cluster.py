@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import nats
@@ -64,3 +65,30 @@ async def test_r3_stream_accepts_publishes_after_its_leader_is_killed(tmp_path: 
     finally:
         for s in servers:
             s.stop()
+
+
+async def test_a_node_that_cannot_start_takes_the_started_ones_down_with_it(
+    tmp_path: Path, provider_secret: bytes
+) -> None:
+    """The caller never gets a half-started cluster, so nothing of it may be left running."""
+    servers = local_cluster(tmp_path, accounts_text=render_accounts(ProviderKeys(provider_secret), []))
+    last = servers[-1]
+    assert last.cluster is not None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
+        blocker.bind((last.cluster.host, last.cluster.port))  # the last node's route port is taken
+        blocker.listen()
+        with pytest.raises(Exception, match="route|router|address already in use"):
+            start_all(servers)
+    assert not any(server.is_running() for server in servers)
+    left = [
+        entry.name for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and str(tmp_path).encode() in _cmdline(entry)
+    ]
+    assert not left, f"nats-server processes of this cluster still running: {left}"
+
+
+def _cmdline(entry: Path) -> bytes:
+    try:
+        return (entry / "cmdline").read_bytes()
+    except OSError:
+        return b""
