@@ -17,16 +17,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.cloud.test_readme_flow import Output, _stop, readme_blocks
+from tests.cloud.test_readme_flow import Output, _client, _eventually, _stop, readme_blocks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -118,24 +116,6 @@ def provider_cloud(tmp_path: Path) -> Iterator[Path]:
     finally:
         _stop(proc, signal.SIGINT)
     assert "Traceback" not in output.text(), output.text()[-6000:]
-
-
-def _client(folder: Path, env_file: str, token: str) -> httpx.Client:
-    values = {}
-    for line in (folder / ".hz" / env_file).read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        values[key] = shlex.split(value)[0]
-    return httpx.Client(base_url=values["HZ_API_URL"], headers={"Authorization": f"Bearer {values[token]}"},
-                        timeout=30)
-
-
-def _eventually(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
-    return result
 
 
 def test_the_readme_first_controller_runs_from_the_base_install(base_venv: Path, provider_cloud: Path) -> None:

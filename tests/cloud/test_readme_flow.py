@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -104,15 +105,14 @@ def _client(folder: Path, env_file: str, token: str) -> httpx.Client:
     )
 
 
-def _eventually(check: object, *, timeout: float, what: str) -> object:
+def _eventually(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
+    """Poll `check` until it returns something truthy (and return that), or fail naming `what`."""
     deadline = time.monotonic() + timeout
-    while True:
-        result = check()  # type: ignore[operator]
-        if result:
-            return result
+    while not (result := check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.5)
+    return result
 
 
 def test_the_readme_first_controller_section_runs_as_written_after_the_demo(
