@@ -7,6 +7,7 @@ tenant's code and must not hold broker credentials, and because files outlive ei
     <control_dir>/directives.json  -> `Directives` (the provider's current micro-level settings; rewritten atomically)
     <control_dir>/progress.json    -> `JobProgress` (written atomically by the job's global rank 0)
     <control_dir>/liveness-<local rank>.json -> `NodeLiveness` (every worker's beat, step and phase)
+    <control_dir>/membership.json  -> `Membership` (in-place jobs: the epoch the node's workers must be in now)
 
 Directives are *level* state, like the desired state of hosts: the file says what the provider currently wants
 (compression fp16, checkpoint every 10 steps, ...), each rewrite with a higher `version`. A one-off request
@@ -36,6 +37,7 @@ from harmonaize.ranges import IntRange
 
 __all__ = [
     "CONTROL_DIRECTIVES_FILE",
+    "CONTROL_MEMBERSHIP_FILE",
     "CONTROL_LIVENESS_GLOB",
     "CONTROL_PROGRESS_FILE",
     "LIVENESS_BEAT_INTERVAL_S",
@@ -49,6 +51,7 @@ __all__ = [
     "Directives",
     "JobProgress",
     "JobRanges",
+    "Membership",
     "WorkerSpec",
     "read_model",
     "violations",
@@ -62,6 +65,7 @@ ENV_NODE_MARKER = "HZ_NODE_ID"
 workers, and only its own cloud's."""
 CONTROL_DIRECTIVES_FILE = "directives.json"
 CONTROL_PROGRESS_FILE = "progress.json"
+CONTROL_MEMBERSHIP_FILE = "membership.json"
 CONTROL_LIVENESS_GLOB = "liveness-*.json"
 LIVENESS_BEAT_INTERVAL_S = 0.5
 """How often a worker's beat thread rewrites its liveness file; the launcher's hang bounds are many beats long."""
@@ -152,6 +156,34 @@ class WorkerSpec(_Model):
     checkpoint_dir: Path
     control_dir: Path
     ranges: JobRanges = JobRanges()
+    store_endpoint: str | None = Field(
+        default=None,
+        max_length=300,
+        description="`host:port` of the job's provider-hosted store. Set for an in-place node: its workers form "
+        "the job's process group there themselves (`Membership`) instead of through torchrun's rendezvous.",
+    )
+
+
+class Membership(_Model):
+    """Which epoch an in-place node's workers must be in now; rewritten atomically by the launcher.
+
+    The launcher writes it when the control plane moves the job to a new epoch that keeps this node (the same
+    entrypoint, plan and workers per node): the workers then leave their process group and form the new one in
+    place, keeping their processes and their in-memory state. `urgent` (a peer failed or hung) aborts the collective
+    in flight at once; otherwise (an agreement) the ranks switch at a step boundary they agree on, once every joiner
+    is ready. `member` false: this node leaves the job at that boundary (a scale-down), the others carry on.
+    """
+
+    epoch: int = Field(ge=0, le=MAX_COUNT)
+    nodes: int = Field(ge=1, le=MAX_WORLD)
+    workers: int = Field(ge=1, le=MAX_WORLD, description="Workers per node; the world is nodes x workers.")
+    member: bool = True
+    urgent: bool = False
+    reason: str = Field(default="", max_length=500)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers
 
 
 class DirectiveOutcome(_Model):

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from workloads.plans import ParallelSetup
 
-__all__ = ["dump_mesh", "dump_model"]
+__all__ = ["dump_mesh", "dump_model", "dump_replica"]
 
 
 def full_model_state(model: nn.Module) -> dict[str, Any]:
@@ -28,6 +28,16 @@ def full_model_state(model: nn.Module) -> dict[str, Any]:
     Values are tensors, except what a module's `get_extra_state` adds, which can be any object.
     """
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def dump_replica(dump_dir: Path | None, name: str, model: nn.Module) -> None:
+    """Not collective: this rank writes its own replica's state dict (in place, after every epoch change)."""
+    if dump_dir is None:
+        return
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    tmp = dump_dir / f".{name}.tmp"
+    torch.save({key: value.detach().clone() for key, value in model.state_dict().items()}, tmp)
+    tmp.replace(dump_dir / name)
 
 
 def dump_model(dump_dir: Path | None, name: str, model: nn.Module, *, rank: int) -> None:

@@ -69,6 +69,13 @@ class RunConfig:
     has_spec: bool = False
     dump_dir: Path | None = None
     crash_save: tuple[int, str] | None = None
+    store_endpoint: str | None = None
+    """The job's provider-hosted store: set for an in-place node (`workloads.elastic`)."""
+
+    @property
+    def in_place(self) -> bool:
+        """The workers form the job's group themselves and change size without restarting (DDP only)."""
+        return self.store_endpoint is not None and self.control_dir is not None
 
     @classmethod
     def from_spec(cls, spec: WorkerSpec, *, env: Mapping[str, str]) -> RunConfig:
@@ -85,6 +92,7 @@ class RunConfig:
             has_spec=True,
             dump_dir=_optional_path(env.get(ENV_DUMP_DIR)),
             crash_save=parse_crash_save(env.get(ENV_TEST_CRASH_SAVE)),
+            store_endpoint=spec.store_endpoint,
         )
 
 

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveState, NodePhase
+from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveState, Membership, NodePhase
 from harmonaize.jobs import Compression, ParallelPlan
 from workloads.checkpoint import CheckpointIO, checkpoint_name
 from workloads.compression import CompressionSetting, wrap_ddp
@@ -53,7 +53,10 @@ from workloads.directives import (
     encode,
     with_compression_possible,
 )
-from workloads.dump import dump_mesh, dump_model
+from workloads.dump import dump_mesh, dump_model, dump_replica
+from workloads.elastic.group import Formation, MembershipChanged, PeerLost, RendezvousFailed
+from workloads.elastic.replica import average_gradients, transfer_state
+from workloads.elastic.session import BOUNDARY_SLOTS, InPlaceSession
 from workloads.liveness import LivenessBeacon
 from workloads.plans import ParallelSetup, plan_parallelism, shard_model
 from workloads.progress import ProgressReporter, ThroughputMeter
@@ -131,6 +134,16 @@ class TrainingRun:
         self._stop_reason = ""
         self._stop_agreed = False
         """The ranks agreed to stop on a request (a new epoch): the run is not over, whatever ends the script."""
+        self._session: InPlaceSession | None = None
+        """In place (`workloads.elastic`): this worker forms the job's group itself and survives epoch changes."""
+        self._formation: Formation | None = None
+        self._epoch = self.config.epoch
+        self._left = False
+        """This worker's node left the job (a scale-down in place); the others carry on without it."""
+        self._local_loss: float | None = None
+        self._last_rank, self._last_world = 0, 1
+        self.changes: list[dict[str, Any]] = []
+        """Every in-place epoch change this worker went through: epoch, world sizes, why, how long the pause was."""
         self.parallel: ParallelSetup
         self._module: nn.Module
         self._model: nn.Module
@@ -150,12 +163,27 @@ class TrainingRun:
         return self._step
 
     @property
+    def in_place(self) -> bool:
+        """Epoch changes keep this process and its state (`workloads.elastic`); False under plain torchrun."""
+        return self._session is not None
+
+    @property
+    def left(self) -> bool:
+        """This worker's node left a running job (scale-down in place): the job goes on without it."""
+        return self._left
+
+    @property
+    def epoch(self) -> int:
+        """The provider's placement epoch this worker is in now (changes in place)."""
+        return self._epoch
+
+    @property
     def rank(self) -> int:
-        return dist.get_rank()
+        return dist.get_rank() if dist.is_initialized() else self._last_rank
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size()
+        return dist.get_world_size() if dist.is_initialized() else self._last_world
 
     @property
     def local_rank(self) -> int:
@@ -240,18 +268,21 @@ class TrainingRun:
         self._info("plan: %s", self.parallel.describe())
         if self.parallel.fallback_reason:
             self._warn("HSDP not possible: %s", self.parallel.fallback_reason)
-        self._ckpt = CheckpointIO(
-            self.config.checkpoint_dir,
-            rank=self.rank,
-            world_size=self.world_size,
-            keep=self._keep,
-            crash_hook=self._crash_hook,
-        )
+        if self._session is not None:
+            self._build_model()  # before arriving: the running ranks must not wait for a joiner's model
+            self._formation = self._form(self._session.first_membership(), step=None)
+            if self._formation.source_step is not None:
+                self._join_running()
+                return
+        self._ckpt = self._checkpoint_io()
         latest, trainer_state = self._ckpt.find_latest()
         if trainer_state is not None:
             self._restore_trainer_state(trainer_state)
         self.settings = self._runnable(effective_settings(self.defaults, self._applied))
-        self._build_model()
+        if self._session is None:
+            self._build_model()
+        else:
+            self._bind_model()
         if latest is not None:
             loaded = time.monotonic()
             app_state = self._app_state()
@@ -271,22 +302,53 @@ class TrainingRun:
                 time.monotonic() - loaded,
             )
         self._ckpt.clean_partials()
-        dump_mesh(self.config.dump_dir, self.parallel, rank=self.rank, world_size=self.world_size)
-        self._progress = ProgressReporter(
-            self.config.control_dir,
-            tenant=self.config.tenant,
-            job=self.config.job,
-            epoch=self.config.epoch,
-            enabled=self.rank == 0,
-            outcomes=self._restored_outcomes,
-        )
-        self._progress.plan_note = self.parallel.describe()
-        self._reader = DirectiveReader(self.config.control_dir if self.rank == 0 else None)
+        self._begin()
+
+    def _begin(self, *, first_boundary: bool = True) -> None:
+        """`first_boundary`: every rank starts together and agrees once before the first step (not a joiner: the
+        running ranks are between two steps, not at a start)."""
+        if first_boundary:  # collective (a test hook): only where every rank starts together
+            dump_mesh(self.config.dump_dir, self.parallel, rank=self.rank, world_size=self.world_size)
+        self._rank_helpers(self._restored_outcomes)
         self._started = True
         self._running = True
         self._beacon.stepped(self._step)
         self._report(force=True)
-        self._boundary(local_loss=None)
+        if first_boundary:
+            self._safe_boundary()
+
+    def _join_running(self) -> None:
+        """A joiner of a running in-place job: the state (step, settings, parameters) comes from a live peer."""
+        assert self._formation is not None
+        self._ckpt = self._checkpoint_io()
+        self._heal(self._formation)
+        self._bind_model()
+        self._info("joined at step %d from a live peer (world %d)", self._step, self.world_size)
+        dump_replica(self.config.dump_dir, f"inplace-e{self._epoch}-rank{self.rank}.pt", self._module)
+        self._begin(first_boundary=False)
+
+    def _checkpoint_io(self) -> CheckpointIO:
+        return CheckpointIO(
+            self.config.checkpoint_dir,
+            rank=self.rank,
+            world_size=self.world_size,
+            keep=self._keep,
+            crash_hook=self._crash_hook,
+        )
+
+    def _rank_helpers(self, outcomes: Iterable[DirectiveOutcome]) -> None:
+        """What depends on this worker's rank: progress and directives are rank 0's (re-made after a change)."""
+        self._progress = ProgressReporter(
+            self.config.control_dir,
+            tenant=self.config.tenant,
+            job=self.config.job,
+            epoch=self._epoch,
+            enabled=self.rank == 0,
+            outcomes=outcomes,
+        )
+        self._progress.plan_note = self.parallel.describe()
+        self._reader = DirectiveReader(self.config.control_dir if self.rank == 0 else None)
+        self._last_rank, self._last_world = self.rank, self.world_size
 
     def close(self, *, failed: bool = False) -> None:
         """Write final progress and leave the process group; after a failure, touch nothing collective.
@@ -298,13 +360,20 @@ class TrainingRun:
         if self._closed or not self._started:
             return
         self._closed = True
-        if failed:
+        if failed or self._left:
+            if self._session is not None:
+                self._session.close()
             self._beacon.stop()
             return
         self._beacon.enter(NodePhase.STOPPING)
         self._report(force=True)
         self._info("exiting at step %d (%s)", self._step, self._stop_reason or "closed")
-        if self._own_process_group and dist.is_initialized():
+        if self._session is not None:
+            with contextlib.suppress(MembershipChanged, PeerLost):
+                self._session.group.barrier()
+            self._session.close()
+            self._model = self._module
+        elif self._own_process_group and dist.is_initialized():
             dist.barrier()  # leave together: no rank tears down its connections while a peer still talks
             dist.destroy_process_group()
             self._model = self._module
@@ -325,6 +394,22 @@ class TrainingRun:
         """
         if not self._running:
             raise RuntimeError("the run has stopped (check `running` before stepping)")
+        start = self._step
+        while True:
+            try:
+                if self._step == start:
+                    self._local_loss = self._compute_step(loss_fn)
+                self._boundary(local_loss=self._local_loss)
+                break
+            except (MembershipChanged, PeerLost) as exc:
+                self._recover(exc)  # the step is redone unless the state it heals to is already past it
+                if self._left:
+                    break
+        self._beacon.enter(NodePhase.SCRIPT)
+        return self._loss if self._loss is not None else float("nan")
+
+    def _compute_step(self, loss_fn: LossFn) -> float:
+        """Forward, backward, gradient averaging, optimizer step; returns this rank's mean loss."""
         self._beacon.enter(NodePhase.STEP)
         settings = self.settings
         total = 0.0
@@ -341,14 +426,18 @@ class TrainingRun:
                 loss = loss_fn(self._model, batch)
                 (loss / settings.gradient_accumulation).backward()  # type: ignore[no-untyped-call]  # unannotated in torch
             total += float(loss.detach())
+        if self._session is not None and self._model is self._module:
+            try:
+                average_gradients(self._session.group, self._module.parameters(), settings.compression)
+            except BaseException:
+                self._optimizer.zero_grad(set_to_none=True)
+                raise
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         self._step += 1
         self._beacon.stepped(self._step)
         self._meter.record(settings.batch_size * settings.gradient_accumulation * self.world_size)
-        self._boundary(local_loss=total / settings.gradient_accumulation)
-        self._beacon.enter(NodePhase.SCRIPT)
-        return self._loss if self._loss is not None else float("nan")
+        return total / settings.gradient_accumulation
 
     def micro_batches(self) -> Iterator[MicroBatch]:
         """The micro-batches the next `train_step` will draw (for scripts that evaluate on the same data)."""
@@ -360,17 +449,36 @@ class TrainingRun:
 
     # -- the step boundary ----------------------------------------------------------------------------------------
 
+    def _safe_boundary(self) -> None:
+        """The first boundary of a run or of a joiner: an interrupted one is recovered like a step's."""
+        while True:
+            try:
+                self._boundary(local_loss=None)
+                return
+            except (MembershipChanged, PeerLost) as exc:
+                self._recover(exc)
+                if self._left:
+                    return
+
     def _boundary(self, *, local_loss: float | None) -> None:
         pending = self._reader.pending(self._handled_version) if self.rank == 0 else None
-        vector = [1.0 if self._stop else 0.0, local_loss or 0.0, *encode(pending)]
+        slots = self._session.boundary_slots() if self._session is not None else [0.0] * BOUNDARY_SLOTS
+        vector = [1.0 if self._stop else 0.0, local_loss or 0.0, *slots, *encode(pending)]
         agreed = torch.tensor(vector, dtype=torch.float64)
         self._beacon.enter(NodePhase.AGREEMENT)
-        dist.all_reduce(agreed, op=dist.ReduceOp.SUM)
+        if self._session is not None:
+            self._session.group.allreduce(agreed)
+        else:
+            dist.all_reduce(agreed, op=dist.ReduceOp.SUM)
         values = agreed.tolist()
         stop = values[0] > 0
         if local_loss is not None:
             self._loss = values[1] / self.world_size
-        directives = decode(values[2:])
+        switch = self._session.switch_now(values[2 : 2 + BOUNDARY_SLOTS]) if self._session is not None else None
+        if switch is not None and switch.everyone_leaves:
+            stop, switch = True, None  # the job is stopped on every node: checkpoint and exit, as on SIGTERM
+            self._stop_reason = self._stop_reason or "every node was told to leave"
+        directives = decode(values[2 + BOUNDARY_SLOTS :])
         checkpoint_now = self._handle_directives(directives) if directives is not None else False
         finished = self.max_steps is not None and self._step >= self.max_steps
         if stop and not self._stop_reason:
@@ -388,6 +496,11 @@ class TrainingRun:
             self._running = False
             self._stop_agreed = self._stop_agreed or stop
         self._report(force=saved or directives is not None or not self._running)
+        if switch is not None and self._running:
+            if switch.leaving:
+                self._leave_job(switch.membership)
+            else:
+                self._change(switch.membership, why=switch.membership.reason or "agreement", urgent=False)
 
     def _handle_directives(self, directives: Directives) -> bool:
         """Apply or refuse one version (same decision on every rank); True when it asks for a checkpoint now."""
@@ -421,9 +534,10 @@ class TrainingRun:
             self.settings.powersgd_rank,
         )
         self.settings = settings
-        if compression_changed and self.plan is ParallelPlan.DDP:
+        if compression_changed and self.plan is ParallelPlan.DDP and hasattr(self, "_module"):
             old = self._model
-            self._model = self._wrap_ddp()
+            in_place_native = self._session is not None and settings.compression is not Compression.POWERSGD
+            self._model = self._module if in_place_native else self._wrap_ddp()
             del old
 
     def _runnable(self, settings: Settings) -> Settings:
@@ -485,7 +599,11 @@ class TrainingRun:
     # -- plumbing -------------------------------------------------------------------------------------------------
 
     def _init_process_group(self) -> torch.device:
-        """gloo on CPU; on CUDA, NCCL for tensors on the GPU and gloo for the CPU-side agreement and objects."""
+        """gloo on CPU; on CUDA, NCCL for tensors on the GPU and gloo for the CPU-side agreement and objects.
+
+        In place (a spec with the job's store, plan DDP): the first epoch's group is formed on that store from the
+        launcher's membership, not from torchrun's environment.
+        """
         if torch.cuda.is_available():
             device = torch.device("cuda", self.local_rank)
             torch.cuda.set_device(device)
@@ -493,15 +611,127 @@ class TrainingRun:
         else:
             device = torch.device("cpu")
             backend = "gloo"
-        if not dist.is_initialized():
+        if self.config.in_place and self.config.parallel_plan is ParallelPlan.DDP and not dist.is_initialized():
+            assert self.config.store_endpoint is not None and self.config.control_dir is not None
+            self._session = InPlaceSession(
+                store_endpoint=self.config.store_endpoint, control_dir=self.config.control_dir, backend=backend
+            )
+            self._own_process_group = True
+        elif not dist.is_initialized():
             dist.init_process_group(backend=backend)
             self._own_process_group = True
         return device
 
+    # -- in place: epoch changes without a restart ----------------------------------------------------------------
+
+    def _form(self, membership: Membership, *, step: int | None) -> Formation:
+        """Form `membership`'s group, or the newest one announced while trying; raises only on a bad membership."""
+        assert self._session is not None
+        session = self._session
+        while True:
+            if not membership.member:
+                raise RuntimeError(f"epoch {membership.epoch} does not include this node")
+            try:
+                epoch = membership.epoch
+                formation = session.group.form(
+                    membership, step=step, interrupted=lambda: session.superseded(epoch)  # noqa: B023 - called here
+                )
+            except (MembershipChanged, PeerLost, RendezvousFailed) as exc:
+                self._warn("epoch %d could not be formed (%s); waiting for the next", membership.epoch, exc)
+                latest = session.watch.wait_newer(membership.epoch, 120.0)
+                if latest is None:
+                    raise RuntimeError(f"epoch {membership.epoch} failed to form and no newer one came") from exc
+                membership = latest
+                continue
+            self._epoch = membership.epoch
+            return formation
+
+    def _heal(self, formation: Formation) -> None:
+        """Give every rank rank 0's state unless all of them hold it already (collective, abortable)."""
+        if formation.in_sync:
+            return
+        assert self._session is not None
+        began = time.monotonic()
+        source = self._snapshot() if self.rank == 0 else None
+        state = transfer_state(self._session.group, model=self._module, optimizer=self._optimizer, trainer=source)
+        if self.rank != 0:
+            self._restore_snapshot(state)
+        self._info("state at step %d copied from rank 0 in %.3f s (%d joiner(s), %d holder(s))", self._step,
+                   time.monotonic() - began, formation.joiners, formation.survivors)
+
+    def _snapshot(self) -> dict[str, Any]:
+        state = self._trainer_state()
+        state["settings"] = {
+            "checkpoint_interval_steps": self.settings.checkpoint_interval_steps,
+            "batch_size": self.settings.batch_size,
+            "gradient_accumulation": self.settings.gradient_accumulation,
+        }
+        state["last_checkpoint_step"] = self.last_checkpoint_step
+        state["resumed_from_step"] = self.resumed_from_step
+        return state
+
+    def _restore_snapshot(self, state: dict[str, Any]) -> None:
+        self._restore_trainer_state(state)
+        self._step = int(state["step"])
+        self.last_checkpoint_step = state.get("last_checkpoint_step")
+        self.resumed_from_step = state.get("resumed_from_step")
+        self.settings = self._runnable(effective_settings(self.defaults, self._applied))
+        if hasattr(self, "_progress"):
+            self._progress.outcomes.clear()
+            self._progress.outcomes.extend(self._restored_outcomes)
+
+    def _change(self, membership: Membership, *, why: str, urgent: bool) -> None:
+        """Move this worker to `membership`'s epoch in place: new group, state healed, helpers re-made."""
+        began = time.monotonic()
+        old_epoch, old_world, old_step = self._epoch, self._last_world, self._step
+        self._beacon.enter(NodePhase.STARTING)
+        formation = self._form(membership, step=self._step)
+        self._heal(formation)
+        self._ckpt = self._checkpoint_io()
+        self._bind_model()
+        self._rank_helpers(self._progress.outcomes)
+        pause = time.monotonic() - began
+        dump_replica(self.config.dump_dir, f"inplace-e{self._epoch}-rank{self.rank}.pt", self._module)
+        self.changes.append({
+            "epoch": self._epoch, "from_epoch": old_epoch, "world": self.world_size, "from_world": old_world,
+            "step": self._step, "from_step": old_step, "why": why, "urgent": urgent, "pause_s": round(pause, 4),
+        })
+        self._info("epoch %d -> %d in place (%s): world %d -> %d at step %d, %.3f s", old_epoch, self._epoch, why,
+                   old_world, self.world_size, self._step, pause)
+        self._report(force=True)
+
+    def _recover(self, exc: BaseException) -> None:
+        """After an abandoned or failed collective: wait for the provider's next epoch and move to it."""
+        assert self._session is not None
+        self._optimizer.zero_grad(set_to_none=True)
+        self._warn("step %d interrupted: %s", self._step, exc)
+        membership = self._session.next_membership()
+        if not membership.member:
+            self._leave_job(membership)
+            return
+        self._change(membership, why=membership.reason or "failure", urgent=True)
+
+    def _bind_model(self) -> None:
+        """In place, PowerSGD runs inside a DDP, which is bound to one group: wrap anew (collective, every rank)."""
+        if self.settings.compression is Compression.POWERSGD:
+            self._model = self._wrap_ddp()
+        else:
+            self._model = self._module
+
+    def _leave_job(self, membership: Membership) -> None:
+        """This node is not in `membership`: stop here without a collective; the others go on."""
+        self._info("leaving the job at step %d: epoch %d goes on without this node", self._step, membership.epoch)
+        self._left = True
+        self._running = False
+        if self._session is not None:
+            self._session.group.leave()
+
     def _build_model(self) -> None:
         torch.manual_seed(self.seed)
         self._module = self._model_factory().to(self._device)
-        if self.plan is ParallelPlan.DDP:
+        if self._session is not None:
+            self._model = self._module  # gradients averaged by `workloads.elastic.replica` (`_bind_model`)
+        elif self.plan is ParallelPlan.DDP:
             self._model = self._wrap_ddp()
         else:
             self._model = shard_model(self._module, self.parallel, shard_modules=self._shard_modules)
