@@ -61,7 +61,9 @@ class NodeFailurePublic(BaseModel):
     host: str
     epoch: int
     kind: str = Field(description="node_hung (killed; its workers left the job) or node_failed (out of restarts).")
-    reason: str = Field(description="frozen, stalled or out_of_restarts.")
+    reason: str = Field(
+        description="frozen, stalled, out_of_restarts or crashed (an in-place node that exited with an error)."
+    )
     step: int | None
     left_job: bool = Field(description="The node's workers left the job (a new epoch runs without them).")
     detected_at: datetime

@@ -30,9 +30,16 @@ class NodeFailureReason(StrEnum):
     """Hung: a worker's own code did not get back to the next step (its peers wait for it)."""
     OUT_OF_RESTARTS = "out_of_restarts"
     """The node kept exiting with an error; the launcher stopped restarting it until the epoch moves on."""
+    CRASHED = "crashed"
+    """An in-place node exited with an error. It is not restarted: its peers go on without it (`workloads.elastic`)."""
 
     @property
     def hung(self) -> bool:
+        return self in (NodeFailureReason.FROZEN, NodeFailureReason.STALLED)
+
+    @property
+    def leaves_job(self) -> bool:
+        """The node's workers are taken out of the job (a new epoch without them) rather than kept in place."""
         return self is not NodeFailureReason.OUT_OF_RESTARTS
 
 

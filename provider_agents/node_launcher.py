@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -58,14 +59,17 @@ from pydantic import ValidationError
 from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
 from harmonaize.job_runtime import (
     CONTROL_DIRECTIVES_FILE,
+    CONTROL_MEMBERSHIP_FILE,
     CONTROL_PROGRESS_FILE,
     ENV_NODE_MARKER,
     ENV_RUN_SPEC,
     JobProgress,
+    Membership,
     WorkerSpec,
     read_model,
     write_model_atomically,
 )
+from harmonaize.jobs import ParallelPlan
 from harmonaize.node_failures import NodeFailureReason, NodeFailureReport
 from harmonaize.pseudonyms import locality_pseudonym
 from provider_agents.hang_detector import HangBounds, HangDetector
@@ -106,6 +110,8 @@ class LauncherConfig:
     """Keep a torchrun agent with torch already imported, ready to become the next node (`warm_torchrun`)."""
     hang_bounds: HangBounds = HangBounds()
     """When a running node counts as hung (`hang_detector`)."""
+    in_place: bool = True
+    """Run DDP jobs in place (`workloads.elastic`): an epoch change that keeps a node keeps its processes."""
 
 
 @dataclass(frozen=True)
@@ -120,10 +126,16 @@ class NodeSpec:
     plan: str
     entrypoint: tuple[str, ...]
     endpoint: str
+    in_place: bool = False
+    """Its workers form the job's group on the provider's store and follow `membership.json` across epochs."""
 
     @property
     def marker_suffix(self) -> str:
         return f"{self.tenant}.{self.job}.e{self.epoch}"
+
+    def moves_in_place(self, new: NodeSpec) -> bool:
+        """`new` can be reached without restarting this node: both in place, only the epoch and node count differ."""
+        return self.in_place and new.in_place and self == dataclasses.replace(new, epoch=self.epoch, nodes=self.nodes)
 
 
 @dataclass
@@ -143,6 +155,12 @@ class _Node:
     failure: NodeFailureReport | None = None
     """Why the node failed in its epoch (hung and killed, or out of restarts); sent until the control plane has it."""
     failure_sent: bool = False
+    started_epoch: int = -1
+    """The epoch its processes started in (their marker and liveness carry it); `spec.epoch` moves on in place."""
+
+    def __post_init__(self) -> None:
+        if self.started_epoch < 0:
+            self.started_epoch = self.spec.epoch
 
     def running(self) -> bool:
         if self.process is not None:
@@ -204,6 +222,7 @@ class NodeLauncher:
                 spec = NodeSpec(**{**state["spec"], "entrypoint": tuple(state["spec"]["entrypoint"])})
                 pid, marker = int(state["pid"]), str(state["marker"])
                 agent_marker = state.get("agent_marker")
+                started_epoch = int(state.get("started_epoch", spec.epoch))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring unreadable node state %s: %r", state_file, exc)
                 continue
@@ -213,7 +232,8 @@ class NodeLauncher:
                             marker, state_file, mine)
                 continue
             if pid in marked_processes(agent_marker or marker):
-                node = _Node(spec=spec, pid=pid, marker=marker, agent_marker=agent_marker)
+                node = _Node(spec=spec, pid=pid, marker=marker, agent_marker=agent_marker,
+                             started_epoch=started_epoch)
                 node.advance(NodeEvent.ADOPT, self.config.host, f"adopted running node {marker} (pid {pid})")
                 self._nodes[(spec.tenant, spec.job)] = node
                 self.adopted += 1
@@ -223,7 +243,8 @@ class NodeLauncher:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
             json.dumps(
-                {"pid": node.pid, "marker": node.marker, "agent_marker": node.agent_marker, "spec": asdict(node.spec)}
+                {"pid": node.pid, "marker": node.marker, "agent_marker": node.agent_marker, "spec": asdict(node.spec),
+                 "started_epoch": node.started_epoch}
             )
         )
         os.replace(tmp, path)
@@ -247,7 +268,10 @@ class NodeLauncher:
             self.prewarm()
         for key in [key for key in self._nodes if key not in wanted and key not in self._busy]:
             node = self._nodes.pop(key)
-            self._spawn(key, self._leave(node, RestartMode.GRACEFUL, "no longer placed here"))
+            if node.spec.in_place and node.running():
+                self._spawn(key, self._leave_in_place(node))
+            else:
+                self._spawn(key, self._leave(node, RestartMode.GRACEFUL, "no longer placed here"))
         for key, job in wanted.items():
             self._write_directives(job)
             if key in self._busy:
@@ -264,10 +288,18 @@ class NodeLauncher:
                 plan=job.parallel_plan.value,
                 entrypoint=tuple(job.entrypoint),
                 endpoint=endpoint,
+                in_place=self.config.in_place and job.parallel_plan is ParallelPlan.DDP,
             )
             existing = self._nodes.get(key)
             if existing is None:
                 self._spawn(key, self._start(spec, job, group))
+            elif (
+                existing.spec != spec
+                and existing.spec.moves_in_place(spec)
+                and existing.running()
+                and existing.state in (NodeState.STARTING, NodeState.RUNNING)
+            ):
+                self._announce(existing, spec, job)
             elif existing.spec != spec or existing.state in (NodeState.STOPPING, NodeState.STOPPED):
                 # a new spec; or a stop or the next start failed last time: stop again (a no-op if it is gone), start
                 self._spawn(key, self._replace(existing, spec, job, group))
@@ -298,10 +330,53 @@ class NodeLauncher:
         await self._leave(node, job.restart, f"{job.restart.value} restart into epoch {spec.epoch}")
         await self._start(spec, job, group, previous=node)
 
+    def _announce(self, node: _Node, spec: NodeSpec, job: AssignedJob) -> None:
+        """Move a running in-place node to `spec`'s epoch without restarting it: tell its workers."""
+        urgent = job.restart is RestartMode.IMMEDIATE
+        self._write_membership(spec, urgent=urgent)
+        log.info(
+            "host %s: %s/%s epoch %d -> %d in place (%d node(s), %s)", self.config.host, spec.tenant, spec.job,
+            node.spec.epoch, spec.epoch, spec.nodes, "urgent: a peer failed" if urgent else "at a step boundary",
+        )
+        node.spec = spec
+        self._save_state(node)
+
+    def _write_membership(self, spec: NodeSpec, *, urgent: bool, member: bool = True) -> None:
+        membership = Membership(
+            epoch=spec.epoch,
+            nodes=max(1, spec.nodes),
+            workers=max(1, spec.workers),
+            member=member,
+            urgent=urgent,
+            reason=("a peer failed" if urgent else "agreement") if member else "scale-down",
+        )
+        write_model_atomically(self.control_dir(spec.tenant, spec.job) / CONTROL_MEMBERSHIP_FILE, membership)
+
+    async def _leave_in_place(self, node: _Node) -> None:
+        """A scale-down: the node's workers leave at a step boundary the job agrees on; the rest go on.
+
+        Its launcher never learns the epoch the others move to (this host's assignment no longer has the job), so
+        the leave order carries the next number; the workers only need to see that it is newer and not theirs.
+        """
+        node.advance(NodeEvent.STOP, self.config.host, "leaves the job in place")
+        leave = dataclasses.replace(node.spec, epoch=node.spec.epoch + 1)
+        self._write_membership(leave, urgent=False, member=False)
+        await self._wait_gone(node, self.config.grace_s)
+        self._kill(node)
+        await self._wait_gone(node, 5.0)
+        node.advance(NodeEvent.STOPPED, self.config.host, "no process of it left")
+
     async def _after_exit(self, node: _Node, job: AssignedJob, group: str) -> None:
         code = node.process.returncode if node.process is not None else None
         if code == 0:  # the job finished (or stopped cleanly) in this epoch: nothing to restart
             node.advance(NodeEvent.EXIT_OK, self.config.host, f"node {node.marker} finished")
+            return
+        if node.spec.in_place and node.state is NodeState.RUNNING:
+            # it had joined: its peers go on without it, and a restart here would find its epoch formed already
+            log.error("host %s: in-place node %s exited with %s; reporting it", self.config.host, node.marker, code)
+            node.advance(NodeEvent.GIVE_UP, self.config.host, f"exit code {code}, in place: not restarted")
+            node.failure = self._failure_report(node, NodeFailureReason.CRASHED, detail=f"exit code {code}")
+            await self._send_failures()  # now: the survivors are waiting for the epoch this report brings
             return
         if node.failures >= self.config.max_restarts:
             log.error("host %s: node %s failed %d times; giving up until the next epoch",
@@ -337,10 +412,13 @@ class NodeLauncher:
             checkpoint_dir=checkpoint_dir,
             control_dir=control,
             ranges=job.ranges,
+            store_endpoint=spec.endpoint if spec.in_place else None,
         )
         spec_path = control / f"spec-e{spec.epoch}.json"
         write_model_atomically(spec_path, worker_spec)
         self._write_directives(job)
+        if spec.in_place:
+            self._write_membership(spec, urgent=False)
         marker = self._marker(spec)
         env = {
             **os.environ,
@@ -351,15 +429,21 @@ class NodeLauncher:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "PYTHONUNBUFFERED": "1",
         }
+        if spec.in_place:  # one node per torchrun; the job's group is formed on the provider's store by the workers
+            rendezvous = ["--standalone", "--nnodes=1", "--max-restarts=0"]
+        else:
+            rendezvous = [
+                f"--nnodes={spec.nodes}:{spec.nodes}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={spec.endpoint}",
+                f"--rdzv-id={spec.tenant}.{spec.job}.e{spec.epoch}",
+                f"--rdzv-conf={RDZV_CONF}",
+                f"--max-restarts={self.config.max_restarts}",
+            ]
         command = [
             self.config.python, "-m", "torch.distributed.run",
-            f"--nnodes={spec.nodes}:{spec.nodes}",
+            *rendezvous,
             f"--nproc-per-node={spec.workers}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={spec.endpoint}",
-            f"--rdzv-id={spec.tenant}.{spec.job}.e{spec.epoch}",
-            f"--rdzv-conf={RDZV_CONF}",
-            f"--max-restarts={self.config.max_restarts}",
             f"--monitor-interval={self.config.monitor_interval_s}",
             *spec.entrypoint,
         ]
@@ -507,7 +591,7 @@ class NodeLauncher:
                 node.detector = HangDetector(self.config.hang_bounds)
             spec = node.spec
             records = read_liveness(
-                self.control_dir(*key), tenant=spec.tenant, job=spec.job, epoch=spec.epoch, marker=node.marker
+                self.control_dir(*key), tenant=spec.tenant, job=spec.job, epoch=node.started_epoch, marker=node.marker
             )
             if records and node.state is NodeState.STARTING:
                 node.advance(NodeEvent.BEATING, self.config.host, f"{len(records)} worker(s) beating")

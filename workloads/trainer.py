@@ -634,7 +634,10 @@ class TrainingRun:
             try:
                 epoch = membership.epoch
                 formation = session.group.form(
-                    membership, step=step, interrupted=lambda: session.superseded(epoch)  # noqa: B023 - called here
+                    membership,
+                    step=step,
+                    identity=session.identity,
+                    interrupted=lambda: session.superseded(epoch),  # noqa: B023 - called here, not kept
                 )
             except (MembershipChanged, PeerLost, RendezvousFailed) as exc:
                 self._warn("epoch %d could not be formed (%s); waiting for the next", membership.epoch, exc)

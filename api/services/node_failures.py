@@ -103,7 +103,7 @@ async def report_node_failure(
         if report.epoch < job.placement_epoch or not allocations:
             await session.rollback()
             return NodeFailureOutcome.STALE
-        released = report.reason.hung
+        released = report.reason.leaves_job
         if released:
             gpus = sum(allocation.gpus for allocation in allocations)
             for allocation in allocations:

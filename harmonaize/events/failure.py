@@ -1,6 +1,6 @@
 """Failure: a host or GPU of the job is down, erroring, degraded, or predicted to fail; or the job's node on a host hung
 or kept failing while the host itself is fine (`node_hung`, `node_failed`, with `frozen`, `stalled` or
-`out_of_restarts` as the reason).
+`out_of_restarts` or, for an in-place node that exited with an error, `crashed` as the reason).
 
 Why this event exists: without it an elastic job learns of a failure by a rendezvous or collective timeout, tens
 of seconds to hours later. With it, the job checkpoints before a predicted failure and rescales as soon as a host

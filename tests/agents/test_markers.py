@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -56,6 +57,11 @@ def spawn() -> Iterator[Callable[[str], int]]:
             env={**os.environ, ENV_NODE_MARKER: marker}, start_new_session=True,
         )
         started.append(proc)
+        # until the child has exec'd, /proc/<pid>/environ is still this process's environment, without the marker
+        deadline = time.monotonic() + 10
+        while proc.pid not in marked_processes(marker):
+            assert time.monotonic() < deadline, f"process {proc.pid} never showed marker {marker}"
+            time.sleep(0.005)
         return proc.pid
 
     yield start

@@ -50,13 +50,17 @@ def _assignment(*jobs: AssignedJob, generation: int = 1) -> HostAssignment:
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, stop_s: float = 0.2) -> None:
+    def __init__(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, stop_s: float = 0.2, in_place: bool = False
+    ) -> None:
+        """`in_place` False: the restart path (every epoch a new torchrun node), which FSDP and HSDP jobs take and
+        which these tests pin down; `test_node_launcher_in_place` covers DDP jobs in place."""
         self.record = tmp_path / "starts.jsonl"
         monkeypatch.setenv("HZ_FAKE_RECORD", str(self.record))
         monkeypatch.setenv("HZ_FAKE_STOP_S", str(stop_s))
         self.config = LauncherConfig(
             host="h1", work_dir=tmp_path / "work", checkpoint_root=tmp_path / "ckpt", python=sys.executable,
-            grace_s=5.0, warm=False, cloud=cloud_id(SECRET, tmp_path),
+            grace_s=5.0, warm=False, cloud=cloud_id(SECRET, tmp_path), in_place=in_place,
         )
         self.progress: list[JobProgress] = []
         self.endpoint: str | None = "127.0.0.1:29999"

@@ -1,35 +1,57 @@
-"""Agreements carried out on a running job: a negotiated scale-up adds a node, the job re-forms at the larger world
-size from its checkpoint; a scale-down likewise. Real agents, real torchrun nodes, gloo on CPU."""
+"""Agreements carried out on a running job, in place: a negotiated scale-up adds a node whose worker takes the state
+from a live peer, a scale-down lets one node leave; the other workers keep their processes and their memory (no
+checkpoint is loaded). Real agents, real torchrun nodes, gloo on CPU."""
 
 from __future__ import annotations
 
 import pytest
 
 from harmonaize.event_loop import resolve_event_loop
-from tests.elastic.harness import ElasticCloud, mlp_job
+from harmonaize.job_runtime import NodeLiveness, liveness_path, read_model
+from tests.elastic.harness import ElasticCloud, mlp_job, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 
-async def test_negotiated_scale_up_and_down_continue_from_the_checkpoint(cloud: ElasticCloud) -> None:
+async def worker_pids(cloud: ElasticCloud, job: str, hosts: list[str]) -> dict[str, int]:
+    """host -> pid of its worker (local rank 0), from the liveness file its launcher reads."""
+
+    def probe() -> dict[str, int] | None:
+        pids = {}
+        for host in hosts:
+            beat = read_model(liveness_path(cloud.data_dir / "hosts" / host / "jobs" / f"acme.{job}", 0), NodeLiveness)
+            if beat is None:
+                return None
+            pids[host] = beat.pid
+        return pids
+
+    return dict(await wait_for(probe, timeout=60, what=f"workers of {job} beating on {hosts}"))
+
+
+async def test_negotiated_scale_up_and_down_keep_the_running_workers(cloud: ElasticCloud) -> None:
     await cloud.create_job("train", initial_workers=2, **mlp_job())
     first = await cloud.running_at("train", world=2, steps_after=10)
     assert first["resumed_from_step"] is None
+    original = sorted(p.parts[-4] for p in cloud.data_dir.glob("hosts/*/jobs/acme.train/node.json"))
+    pids = await worker_pids(cloud, "train", original)
 
     await cloud.negotiate("train", {"kind": "scale", "terms": {"desired_workers": 3}})
     bigger = await cloud.running_at("train", world=3, epoch_at_least=first["epoch"] + 1, steps_after=5)
-    assert bigger["resumed_from_step"] is not None
-    assert bigger["resumed_from_step"] >= first["step"], "the graceful stop checkpoints at the step it agreed on"
+    assert bigger["resumed_from_step"] is None, "in place: the joiner took the state from a live peer, not a checkpoint"
+    assert bigger["step"] > first["step"]
+    assert await worker_pids(cloud, "train", original) == pids, "the running workers were not restarted"
 
     await cloud.negotiate("train", {"kind": "scale", "terms": {"desired_workers": 2}})
     smaller = await cloud.running_at("train", world=2, epoch_at_least=bigger["epoch"] + 1, steps_after=5)
-    assert smaller["resumed_from_step"] >= bigger["step"]
+    assert smaller["resumed_from_step"] is None
+    assert smaller["step"] > bigger["step"]
 
     timeline = await cloud.timeline("train")
     assert [entry["world_size"] for entry in timeline] == [2, 3, 2]
     steps = [entry["step"] for entry in timeline]
     assert steps == sorted(steps) and steps[0] == 0
 
-    # the agents launched and stopped those torchrun nodes from the default loop (uvloop where installed)
     logs = [path.read_text(errors="replace") for path in cloud.data_dir.glob("agent-*.log")]
+    assert sum(log.count("in place") for log in logs) >= 4, "both changes reached the running nodes in place"
+    # the agents launched and stopped those torchrun nodes from the default loop (uvloop where installed)
     assert logs and all(f"event loop {resolve_event_loop('auto')}" in log for log in logs)

@@ -123,17 +123,25 @@ class ElasticGroup:
         membership: Membership,
         *,
         step: int | None,
+        identity: str,
         interrupted: Callable[[], bool] = lambda: False,
     ) -> Formation:
         """Join `membership`'s epoch (collective among its members); `step`: None for a worker without state.
 
+        `identity` names the worker across restarts of its node in one epoch (node marker and local rank): a
+        worker restarted before the group formed takes its predecessor's place instead of counting twice.
         `interrupted()` is polled while waiting for the others: True (a newer epoch came) abandons this one with
         `MembershipChanged`.
         """
         self._bury()
         epoch, world = membership.epoch, membership.world_size
         prefix = f"hz/e{epoch}/"
-        arrival = int(self._store.add(prefix + "arrived", 1))
+        slot = prefix + f"slot/{identity}"
+        if self._store.check([slot]):
+            arrival = int(self._store.get(slot))
+        else:
+            arrival = int(self._store.add(prefix + "arrived", 1))
+            self._store.set(slot, str(arrival))
         record = {"pid": os.getpid(), "step": step, "old_rank": self.rank if self._group_ever() else None}
         self._store.set(prefix + f"member/{arrival}", json.dumps(record))
         deadline = time.monotonic() + self._timeout_s

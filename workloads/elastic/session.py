@@ -15,10 +15,11 @@ is being stopped everywhere: that is a stop, with its checkpoint, not a switch.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from harmonaize.job_runtime import CONTROL_MEMBERSHIP_FILE, Membership
+from harmonaize.job_runtime import CONTROL_MEMBERSHIP_FILE, ENV_NODE_MARKER, Membership
 from workloads.elastic.group import ElasticGroup, connect_store
 from workloads.elastic.membership import MembershipWatch
 
@@ -57,6 +58,9 @@ class InPlaceSession:
         self.group = ElasticGroup(self.store, backend=backend)
         self.watch = MembershipWatch(control_dir / CONTROL_MEMBERSHIP_FILE, on_urgent=self._urgent)
         self.watch.start()
+        node = os.environ.get(ENV_NODE_MARKER) or f"pid{os.getpid()}"
+        self.identity = f"{node}/{os.environ.get('LOCAL_RANK', '0')}"
+        """Stable across a restart of this worker's node within one epoch (see `ElasticGroup.form`)."""
 
     def _urgent(self, membership: Membership) -> None:
         _log.warning("epoch %d announced urgently (%s): abandoning the collective in flight",
