@@ -12,7 +12,7 @@ from api.models import JobDirective, JobTimelineEntry
 from api.models_node_failures import JobNodeFailure
 from api.schemas import MAX_INT, MAX_POWERSGD_RANK, _Body
 from harmonaize.events import FailureKind
-from harmonaize.job_runtime import JobProgress
+from harmonaize.job_runtime import EpochChange, JobProgress
 from harmonaize.jobs import Compression, JobPhase, ParallelPlan
 from harmonaize.pseudonyms import host_pseudonym
 
@@ -107,6 +107,13 @@ class TimelineEntryPublic(BaseModel):
     parallel_plan: ParallelPlan
     step: int
     resumed_from_step: int | None
+    change: EpochChange | None = Field(
+        default=None,
+        description="How the job got into this shape: fresh, checkpoint (restarted, resumed from the latest "
+        "checkpoint: a plan change or the fallback when no live worker held the state) or in_place (the running "
+        "workers kept their processes and state; joiners copied it from a live peer).",
+    )
+    pause_s: float | None = Field(default=None, description="In place: how long the running ranks stood still.")
     at: datetime
 
     @classmethod
@@ -117,5 +124,7 @@ class TimelineEntryPublic(BaseModel):
             parallel_plan=entry.parallel_plan,
             step=entry.step,
             resumed_from_step=entry.resumed_from_step,
+            change=entry.change,
+            pause_s=entry.pause_s,
             at=entry.at,
         )

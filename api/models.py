@@ -23,6 +23,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Enum,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -38,6 +39,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from harmonaize.desired_state import RestartMode
+from harmonaize.job_runtime import EpochChange
 from harmonaize.jobs import DirectiveState, JobPhase, ParallelPlan
 from harmonaize.negotiation import Actor, NegotiationKind, NegotiationState, RoundAction
 
@@ -387,6 +389,10 @@ class JobTimelineEntry(Base):
     parallel_plan: Mapped[ParallelPlan] = mapped_column(_enum(ParallelPlan, "parallel_plan", 8))
     step: Mapped[int] = mapped_column(Integer)
     resumed_from_step: Mapped[int | None] = mapped_column(Integer, default=None)
+    change: Mapped[EpochChange | None] = mapped_column(_enum(EpochChange, "epoch_change", 16), default=None)
+    """How the job got into this shape (fresh, checkpoint, in_place); None in rows from before it was reported."""
+    pause_s: Mapped[float | None] = mapped_column(Float, default=None)
+    """In place: how long the running ranks stood still for the change."""
     at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 

@@ -11,12 +11,15 @@ timed by the same clock at the same point.
   tests/): nats-server with our rendered accounts, the API with its outbox relay (`serve_api`, in this process), the
   provider's central loops (`provider_agents.cli fleet-monitor`: outages, per-job rendezvous stores, micro loop) and
   one `provider_agents.cli agent` per simulated host (4 hosts, 1 GPU each, 2 locality groups), each launching its
-  host's torchrun node (`--nnodes=N:N`, store hosted by the provider). One job runs through, in order:
-  launch on 2 hosts; **(a)** a negotiated scale 2 -> 3 (trigger: the accept response); 3 -> 2; **(b) kill**: SIGKILL
-  of one of the 2 hosts (its agent and every process carrying its host's marker: the node, the warm torchrun
-  agent); a negotiated 1 -> 2; **(b) frozen**: SIGSTOP of one of the 2 hosts (the same processes: sockets stay
-  open). For failures the time is also split at the **failure event**: the host's `down_at` in `GET /v1/hosts`, set
-  when the fleet monitor reports the host down (it publishes the tenant's `failure` event in the same check).
+  host's node. DDP jobs run in place (`workloads.elastic`): one single-node torchrun per host, the workers form the
+  job's group on the provider's store and stay alive across every change. One job runs through, in order: launch on
+  2 hosts; **(a)** a negotiated scale 2 -> 3 (trigger: the accept response); 3 -> 2; **(b) node kill**: SIGKILL of
+  the job's node on one of the 2 hosts (every process carrying the host's marker; its agent lives and reports it);
+  a negotiated 1 -> 2; **(b) node freeze**: SIGSTOP of the node (agent alive: it sees the processes stopped); 1 -> 2;
+  **(b) kill**: SIGKILL of a whole host (its agent too); 1 -> 2; **(b) frozen**: SIGSTOP of a whole host (sockets
+  stay open). For host failures the time is also split at the **failure event**: the host's `down_at` in
+  `GET /v1/hosts`, set when the fleet monitor reports the host down (it publishes the tenant's `failure` event in the
+  same check). For agreements, `gap_s`: the running ranks' longest time between two logged steps around the change.
 * **torchrun alone**: plain `torch.distributed.run` nodes, `--rdzv-backend=c10d`, default rendezvous settings
   (`last_call_timeout` 30 s, keep-alive 5 s x 3, join 600 s), `--max-restarts=3` (the launcher's; torchrun's default 0
   ends the job at the first worker failure instead of recovering), `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
@@ -302,6 +305,8 @@ class Transition:
     stages: dict[str, float | None] = field(default_factory=dict)
     note: str = ""
     capped_at: float | None = None
+    gap_s: float | None = None
+    """The running ranks' longest time between two steps around the change (ours, agreements only)."""
 
     @property
     def seconds(self) -> float | None:
@@ -309,7 +314,7 @@ class Transition:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "world": self.world, "seconds": self.seconds, "stages": self.stages,
-                "note": self.note, "capped_at": self.capped_at, "trigger_unix": self.trigger}
+                "note": self.note, "capped_at": self.capped_at, "trigger_unix": self.trigger, "gap_s": self.gap_s}
 
 
 def since(trigger: float, ts: float | None) -> float | None:
@@ -464,6 +469,27 @@ class Provider:
         self.frozen.add(host)
         return began
 
+    def node_pids(self, host: str) -> list[int]:
+        """The job's node on `host`: its torchrun agent and workers (by the markers its launcher recorded), not the
+        host's agent nor its warm spare torchrun."""
+        state = json.loads((self.data_dir / "hosts" / host / "jobs" / f"{TENANT}.{JOB}" / "node.json").read_text())
+        markers = [state["marker"], *([state["agent_marker"]] if state.get("agent_marker") else [])]
+        return sorted({pid for marker in markers for pid in marked_processes(marker)})
+
+    def kill_node(self, host: str) -> float:
+        """The job's node dies, its host's agent lives (and reports it)."""
+        pids = self.node_pids(host)
+        began = time.time()
+        signal_pids(pids, signal.SIGKILL)
+        return began
+
+    def freeze_node(self, host: str) -> float:
+        """The job's node hangs (SIGSTOP), its host's agent lives (and finds it stopped)."""
+        pids = self.node_pids(host)
+        began = time.time()
+        signal_pids(pids, signal.SIGSTOP)
+        return began
+
     async def close(self) -> None:
         # nodes first (no graceful checkpoint wanted), then the processes, then the API, the bus and the broker
         for host in self.hosts:
@@ -558,16 +584,35 @@ class ApiProbe:
             self.errors += 1
 
 
-def rank0_host(watcher: LogWatcher, epoch: int) -> str | None:
+def rank0_host(watcher: LogWatcher) -> str | None:
+    """The host whose node logged the latest step (rank 0 logs them; in place, rank 0 can move between hosts)."""
     for e in reversed(watcher.events):
-        if e.kind == "step" and e.source.endswith(f"node-e{epoch}.log"):
+        if e.kind == "step":
             return e.source.split("/")[1]
     return None
 
 
 def hosts_of_epoch(provider: Provider, epoch: int) -> list[str]:
-    return sorted(h for h in provider.hosts
-                  if (provider.data_dir / "hosts" / h / "jobs" / f"{TENANT}.{JOB}" / f"node-e{epoch}.log").exists())
+    """Hosts whose node is in `epoch` (in place a node keeps its log from the epoch it started in)."""
+    hosts = []
+    for h in provider.hosts:
+        state = provider.data_dir / "hosts" / h / "jobs" / f"{TENANT}.{JOB}" / "node.json"
+        try:
+            if json.loads(state.read_text())["spec"]["epoch"] == epoch and h not in provider.killed:
+                hosts.append(h)
+        except (OSError, ValueError, KeyError):
+            continue
+    return sorted(hosts)
+
+
+def longest_gap(watcher: LogWatcher, trigger: float, first_step: float | None) -> float | None:
+    """The longest time between two consecutive steps (any world size) from just before `trigger` to a second
+    after the first step at the new size: how long the running ranks stood still for the change."""
+    if first_step is None:
+        return None
+    stamps = sorted(e.ts for e in watcher.events if e.kind == "step" and trigger - 1.0 <= e.ts <= first_step + 1.0)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return round(max(gaps), 4) if gaps else None
 
 
 async def run_ours(
@@ -625,35 +670,40 @@ async def run_ours(
                 raise RuntimeError(f"ours: the job did not run {args.settle_steps} steps at world {world}")
 
         await settle(2, created_at)
-        epoch = await epoch_now()
-        accepted = await p.negotiate(3)
-        out["scale_up"] = await transition("agreement 2 -> 3", 3, accepted, ApiProbe(p, 3, epoch), args.timeout)
-        await settle(3, accepted)
 
-        epoch = await epoch_now()
-        accepted = await p.negotiate(2)
-        out["scale_down"] = await transition("agreement 3 -> 2", 2, accepted, ApiProbe(p, 2, epoch), args.timeout)
-        await settle(2, accepted)
+        async def agreement(key: str, workers: int, world_before: int) -> None:
+            epoch = await epoch_now()
+            accepted = await p.negotiate(workers)
+            out[key] = t = await transition(f"agreement {world_before} -> {workers}", workers, accepted,
+                                            ApiProbe(p, workers, epoch), args.timeout)
+            await settle(workers, accepted)
+            watcher.poll()
+            t.gap_s = longest_gap(watcher, accepted, t.first_step)
 
-        async def fail_a_follower(key: str, verb: str, fail: Callable[[str], float]) -> float:
-            """Fail one host of the job that is not rank 0's (so the survivor's log keeps timing the steps)."""
+        await agreement("scale_up", 3, 2)
+        await agreement("scale_down", 2, 3)
+
+        async def fail_a_follower(key: str, verb: str, fail: Callable[[str], float], *, host: bool) -> None:
+            """Fail one host (or only its node) of the job that is not rank 0's (so the survivor's log keeps timing
+            the steps), then grow back to 2."""
             epoch = await epoch_now()
             watcher.poll()
-            leader = rank0_host(watcher, epoch)
+            leader = rank0_host(watcher)
             victim = next(h for h in hosts_of_epoch(p, epoch) if h != leader)
             failed = fail(victim)
-            out[key] = await transition(f"{verb} {victim}", 1, failed, ApiProbe(p, 1, epoch, victim), args.timeout)
+            probe = ApiProbe(p, 1, epoch, victim if host else None)
+            out[key] = await transition(f"{verb} {victim}", 1, failed, probe, args.timeout)
             out[key].note = f"victim {victim} (not rank 0), survivor {leader}"
-            return failed
+            if out[key].first_step is not None:
+                await settle(1, failed)
 
-        await settle(1, await fail_a_follower("kill", "kill -9", p.kill_host))
-
-        epoch = await epoch_now()
-        accepted = await p.negotiate(2)
-        out["grow"] = await transition("agreement 1 -> 2", 2, accepted, ApiProbe(p, 2, epoch), args.timeout)
-        await settle(2, accepted)
-
-        await fail_a_follower("freeze", "freeze", p.freeze_host)
+        await fail_a_follower("node_kill", "kill -9 of the node on", p.kill_node, host=False)
+        await agreement("grow", 2, 1)
+        await fail_a_follower("node_freeze", "SIGSTOP of the node on", p.freeze_node, host=False)
+        await agreement("grow_2", 2, 1)
+        await fail_a_follower("kill", "kill -9 of host", p.kill_host, host=True)
+        await agreement("grow_3", 2, 1)
+        await fail_a_follower("freeze", "SIGSTOP of host", p.freeze_host, host=True)
         directives = await p.tenant.get(f"/v1/jobs/{JOB}/directives")
         out["launch"].note = f"directives issued during the run: {len(directives.json())}"
 
@@ -796,6 +846,10 @@ async def run_torchrun(
 MAIN_ROWS: list[tuple[str, str | None, str, str]] = [
     ("scale_up", "scale_up", "(a) agreement 2 -> 3: accept -> first step at 3",
      "third node started -> first step at 3"),
+    ("node_kill", "kill", "(b) kill -9 of a node (its host's agent lives) -> first step at 1",
+     "kill -9 of node b (agent + worker)"),
+    ("node_freeze", "freeze", "(b) SIGSTOP of a node (its host's agent lives) -> first step at 1",
+     "SIGSTOP of node c"),
     ("kill", "kill", "(b) kill -9 of 1 of 2 hosts -> first step at 1", "same (node b: agent + worker)"),
     ("freeze", "freeze", "(b) frozen host (SIGSTOP) -> first step at 1", "same (node c)"),
 ]
@@ -806,11 +860,15 @@ CONTEXT_ROWS: list[tuple[str, str | None, str, str]] = [
     ("scale_down", None, "agreement 3 -> 2: accept -> first step at 2",
      "(none: a torchrun node leaves only by failing)"),
 ]
+NODE_ROWS = ("node_kill", "node_freeze")
+"""Rows compared with another scenario's baseline but keyed by their own name in the summary."""
+GAP_ROWS = ("scale_up", "scale_down", "grow")
+"""Agreements: the running ranks' longest step gap is reported (`ours_gap_s`)."""
 
 
 def row_id(ours_key: str, tr_key: str | None) -> str:
     """The summary's key of a row: ours' transition, plus the torchrun case where it is another name."""
-    return ours_key if tr_key in (ours_key, None) else f"{ours_key}_vs_{tr_key}"
+    return ours_key if tr_key in (ours_key, None) or ours_key in NODE_ROWS else f"{ours_key}_vs_{tr_key}"
 
 
 def _values(reps: list[dict[str, Any]], side: str, key: str | None, stage: str | None = None) -> list[float | None]:
@@ -848,15 +906,19 @@ def summarize(reps: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         if tr_key == "freeze" and ours and not base:
             entry["ratio_upper_bound"] = median(ours) / args.freeze_cap
         entry["torchrun_case"] = tr_key
+        if ours_key in GAP_ROWS:
+            gaps = [t["gap_s"] for rep in reps if (t := rep.get("ours", {}).get(ours_key)) and t.get("gap_s")]
+            entry["ours_gap_s"] = median(gaps) if gaps else None
         summary[row_id(ours_key, tr_key)] = entry
     tf = {key: [t for rep in reps if (t := rep.get("torchft", {}).get(key))] for key in torchft_side.SCENARIOS}
     if any(tf.values()):
         for key, runs in tf.items():
             summary[key]["torchft_s"] = median([t["seconds"] for t in runs]) if runs else None
             summary[key]["torchft_gap_s"] = median([t["gap_s"] for t in runs]) if runs else None
-        summary["node_freeze"] = {"torchft_s": summary["freeze"]["torchft_s"],
-                                  "torchft_gap_s": summary["freeze"]["torchft_gap_s"],
-                                  "note": "torchft: a node is a replica group, the same case as freeze"}
+        for node_key, same in (("node_freeze", "freeze"), ("node_kill", "kill")):
+            summary[node_key]["torchft_s"] = summary[same]["torchft_s"]
+            summary[node_key]["torchft_gap_s"] = summary[same]["torchft_gap_s"]
+            summary[node_key]["torchft_note"] = f"torchft: a node is a replica group, the same case as {same}"
     for key in ("kill", "freeze"):
         after = [t["seconds"] - t["stages"]["failure event (down_at)"] for rep in reps
                  if (t := rep.get("ours", {}).get(key)) and t["seconds"] is not None
@@ -893,22 +955,27 @@ def render(reps: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, 
         frozen_forever = tr_key == "freeze" and bool(base) and not [v for v in base if v is not None]
         if frozen_forever:
             base_text = f"none in {args.freeze_cap:.0f} s *"
-        rows.append([label, _fmt_s(ours), base_text, ratio_text])
+        tf = entry.get("torchft_s")
+        rows.append([label, _fmt_s(ours), "-" if tf is None else f"{tf:.2f}", base_text, ratio_text])
+        if ours_key in GAP_ROWS:
+            gap, tf_gap = entry.get("ours_gap_s"), entry.get("torchft_gap_s")
+            rows.append(["    the running ranks' longest step gap", "-" if gap is None else f"{gap:.3f}",
+                         "-" if tf_gap is None else f"{tf_gap:.3f}", "(all restart)", ""])
         if ours_key in ("kill", "freeze"):
             rows.append(["    failure -> failure event (host down_at)",
-                         _fmt_s(_values(reps, "ours", ours_key, "failure event (down_at)")), "", ""])
+                         _fmt_s(_values(reps, "ours", ours_key, "failure event (down_at)")), "", "", ""])
             after = [t["seconds"] - t["stages"]["failure event (down_at)"] for rep in reps
                      if (t := rep.get("ours", {}).get(ours_key)) and t["seconds"] is not None
                      and t["stages"].get("failure event (down_at)") is not None]
             met = summary[f"{ours_key}_target_met"]
             verdict = "-" if met is None else "met" if met else "MISSED"
-            rows.append(["    failure event -> first step", _fmt_s(after), "",
+            rows.append(["    failure event -> first step", _fmt_s(after), "", "",
                          f"target <= {TARGET_AFTER_EVENT_S:.0f} s: " + verdict])
     footnote = (f"* torchrun alone: the survivor blocks in a gloo collective until the process-group timeout "
                 f"({meta['pg_timeout_s'] / 60:.0f} min, torch's default), then fails and re-rendezvouses (~45 s as "
                 f"after a kill): ~{(meta['pg_timeout_s'] + 45) / 60:.0f} min. Ratio: ours / the cap, an upper bound.")
-    lines.append(table(["scenario", "ours s", "torchrun alone s", "ours/torchrun"], rows))
-    if any(r[2].endswith("*") for r in rows):
+    lines.append(table(["scenario", "ours s", "torchft s (3 -> 2)", "torchrun alone s", "ours/torchrun"], rows))
+    if any(r[3].endswith("*") for r in rows):
         lines.append(footnote)
 
     rows = []

@@ -48,6 +48,7 @@ __all__ = [
     "ENV_RUN_SPEC",
     "DirectiveOutcome",
     "DirectiveState",
+    "EpochChange",
     "Directives",
     "JobProgress",
     "JobRanges",
@@ -208,6 +209,14 @@ class JobProgress(_Model):
     loss: float | None = Field(default=None, ge=-1e30, le=1e30, allow_inf_nan=False)
     samples_per_s: float | None = Field(default=None, ge=0, le=1e15, allow_inf_nan=False)
     resumed_from_step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    epoch_step: int | None = Field(
+        default=None, ge=0, le=MAX_COUNT, description="The step this epoch began at (its first step is the next)."
+    )
+    change: EpochChange | None = Field(default=None, description="How the job got into this epoch.")
+    pause_s: float | None = Field(
+        default=None, ge=0, le=1e9, allow_inf_nan=False,
+        description="In place: how long the running ranks stood still for the change (group and state transfer).",
+    )
     last_checkpoint_step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     checkpoint_interval_steps: int = Field(ge=1, le=MAX_COUNT)
     compression: Compression = Compression.NONE
@@ -222,6 +231,17 @@ class JobProgress(_Model):
         "the final report. A run that stops for a new epoch is not finished.",
     )
     updated_at: datetime
+
+
+class EpochChange(StrEnum):
+    """How a job got into its current epoch, as its runtime reports it."""
+
+    FRESH = "fresh"
+    """Started with no checkpoint to load."""
+    CHECKPOINT = "checkpoint"
+    """Restarted and resumed from the latest checkpoint (a plan change, or the fallback: no live peer held state)."""
+    IN_PLACE = "in_place"
+    """The running workers changed group without a restart; joiners took the state from a live peer."""
 
 
 class NodePhase(StrEnum):

@@ -10,6 +10,10 @@ and a launcher that was itself paused sees fresh beats, not a silence, when it r
   worker waits on a peer, so only a process none of whose threads run is silent. 5 s is ten beats: a busy host delays
   a thread by a beat or two, not ten. Three step times leave room for a step whose native call keeps the GIL (the
   beat thread cannot run meanwhile). Judged in every phase: a stopped process is not checkpointing either.
+- **stopped**: a worker's process is stopped by a signal (the launcher reads its state in /proc) for `stopped_s`
+  (0.3 s). A stopped process runs no thread at all, so this is the frozen case seen directly and at once, without
+  waiting out a bound made for busy machines; 0.3 s lets a stop-and-continue of job control pass. The verdict is
+  `frozen`, like the silence it would otherwise become.
 - **stalled**: a worker stays in the script phase (its own loop between steps, where the runtime waits on nobody)
   with neither its step nor its phase moving for `max(60 s, 20 x step time)`. Twenty steps: a slow step or a log
   flush is not a hang. 60 s: longer than a training loop normally spends between two steps, and far shorter than
@@ -28,7 +32,7 @@ floors apply. Pure: no I/O, the clock injected, so tests script time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from harmonaize.job_runtime import NodeLiveness, NodePhase
@@ -43,6 +47,7 @@ class HangBounds:
 
     frozen_floor_s: float = 5.0
     frozen_steps: float = 3.0
+    stopped_s: float = 0.3
     stalled_floor_s: float = 60.0
     stalled_steps: float = 20.0
 
@@ -64,9 +69,11 @@ class HangVerdict:
     phase: NodePhase
     for_s: float
     bound_s: float
+    stopped: bool = False
+    """Seen stopped by a signal (rather than silent)."""
 
     def describe(self) -> str:
-        what = "no beat" if self.reason is NodeFailureReason.FROZEN else "no step"
+        what = "no step" if self.reason is NodeFailureReason.STALLED else "stopped" if self.stopped else "no beat"
         return (
             f"local rank {self.local_rank} (pid {self.pid}) {self.reason.value}: {what} for {self.for_s:.1f} s "
             f"(bound {self.bound_s:.1f} s) at step {self.step}, phase {self.phase.value}"
@@ -80,6 +87,7 @@ class _Seen:
     beat_at: float
     mark: tuple[int, int]
     mark_at: float
+    stopped_at: float | None = None
 
 
 class HangDetector:
@@ -90,8 +98,9 @@ class HangDetector:
         self._clock = clock
         self._seen: dict[int, _Seen] = {}
 
-    def observe(self, records: Iterable[NodeLiveness]) -> HangVerdict | None:
-        """Take in one read of the node's records (live workers only); a verdict once one of them is hung."""
+    def observe(self, records: Iterable[NodeLiveness], *, stopped: Collection[int] = ()) -> HangVerdict | None:
+        """Take in one read of the node's records (live workers only) and which of their pids are stopped by a
+        signal now; a verdict once one of them is hung."""
         now = self._clock()
         current = sorted(records, key=lambda record: record.local_rank)
         for gone in set(self._seen) - {record.local_rank for record in current}:
@@ -109,6 +118,14 @@ class HangDetector:
                 seen.beats, seen.beat_at = record.beats, now
             if mark != seen.mark:
                 seen.mark, seen.mark_at = mark, now
+            if record.pid not in stopped:
+                seen.stopped_at = None
+            elif seen.stopped_at is None:
+                seen.stopped_at = now
+            elif now - seen.stopped_at > self.bounds.stopped_s:
+                verdicts.append(self._verdict(NodeFailureReason.FROZEN, record, now - seen.stopped_at,
+                                              self.bounds.stopped_s, stopped=True))
+                continue
             silent, bound = now - seen.beat_at, self.bounds.frozen_after(step_time)
             if silent > bound:
                 verdicts.append(self._verdict(NodeFailureReason.FROZEN, record, silent, bound))
@@ -119,8 +136,11 @@ class HangDetector:
         return verdicts[0] if verdicts else None
 
     @staticmethod
-    def _verdict(reason: NodeFailureReason, record: NodeLiveness, for_s: float, bound_s: float) -> HangVerdict:
+    def _verdict(
+        reason: NodeFailureReason, record: NodeLiveness, for_s: float, bound_s: float, *, stopped: bool = False
+    ) -> HangVerdict:
         return HangVerdict(
+            stopped=stopped,
             reason=reason, local_rank=record.local_rank, pid=record.pid, step=record.step, phase=record.phase,
             for_s=for_s, bound_s=bound_s,
         )

@@ -76,7 +76,7 @@ from provider_agents.hang_detector import HangBounds, HangDetector
 from provider_agents.markers import host_prefix, node_marker
 from provider_agents.node_lifecycle import NodeEvent, NodeState, next_state
 from provider_agents.node_watch import clear_liveness, read_liveness
-from provider_agents.processes import alive, marked_processes, signal_marked
+from provider_agents.processes import alive, marked_processes, signal_marked, stopped
 from provider_agents.warm_torchrun import WarmTorchrun, node_env
 
 __all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF"]
@@ -449,6 +449,10 @@ class NodeLauncher:
         ]
         log_path = control / f"node-e{spec.epoch}.log"
         warm = self._warm if self._warm is not None and self._warm.ready else None
+        if self._warm is not None and warm is None and self._warm.process.returncode is None:
+            log.warning("host %s: the warm torchrun (pid %d) cannot take a node; killing it", self.config.host,
+                        self._warm.process.pid)
+            self._warm.process.kill()
         self._warm = None
         if warm is not None:
             process = await warm.take(command[3:], env=node_env(env), log=log_path)
@@ -595,7 +599,7 @@ class NodeLauncher:
             )
             if records and node.state is NodeState.STARTING:
                 node.advance(NodeEvent.BEATING, self.config.host, f"{len(records)} worker(s) beating")
-            verdict = node.detector.observe(records)
+            verdict = node.detector.observe(records, stopped={r.pid for r in records if stopped(r.pid)})
             if verdict is None:
                 continue
             log.error("host %s: node %s is hung: %s; killing it", self.config.host, node.marker, verdict.describe())

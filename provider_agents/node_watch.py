@@ -20,8 +20,9 @@ from provider_agents.processes import alive
 
 __all__ = ["WATCH_INTERVAL_S", "clear_liveness", "read_liveness"]
 
-WATCH_INTERVAL_S = 0.5
-"""How often the agent reads its nodes' liveness (a beat's period): a hang is declared at most this late."""
+WATCH_INTERVAL_S = 0.1
+"""How often the agent reads its nodes' liveness and process states: a hang is declared at most this late (a
+stopped process within `HangBounds.stopped_s` plus this)."""
 
 log = logging.getLogger(__name__)
 

@@ -66,3 +66,17 @@ def signal_marked(marker: str, sig: signal.Signals, *, prefix: bool = False) -> 
         except ProcessLookupError:
             pass
     return signalled
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped by a signal (SIGSTOP, SIGTSTP: state `T` in /proc/<pid>/stat): none of its threads run.
+
+    Its own host sees this at once, where a missing liveness beat takes several beat intervals to tell apart from a
+    busy machine. A ptrace stop (`t`, a debugger) is not counted.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # the command name is in parentheses and may itself contain spaces or parentheses: the state follows the last ')'
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] == "T"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harmonaize.job_runtime import ENV_NODE_MARKER
+from provider_agents.processes import stopped
 
 __all__ = ["BOOT", "WarmTorchrun"]
 
@@ -63,8 +64,10 @@ class WarmTorchrun:
 
     @property
     def ready(self) -> bool:
+        """It can take a node now: running (not stopped by a signal, which a host's hang may have done to it too)."""
         stdin = self.process.stdin
-        return self.process.returncode is None and stdin is not None and not stdin.is_closing()
+        running = self.process.returncode is None and not stopped(self.process.pid)
+        return running and stdin is not None and not stdin.is_closing()
 
     async def take(self, args: list[str], *, env: Mapping[str, str], log: Path) -> asyncio.subprocess.Process:
         """Hand the node's arguments over; the process is the node's torchrun agent from now on."""

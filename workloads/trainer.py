@@ -39,7 +39,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from harmonaize.job_runtime import DirectiveOutcome, Directives, DirectiveState, Membership, NodePhase
+from harmonaize.job_runtime import (
+    DirectiveOutcome,
+    Directives,
+    DirectiveState,
+    EpochChange,
+    Membership,
+    NodePhase,
+)
 from harmonaize.jobs import Compression, ParallelPlan
 from workloads.checkpoint import CheckpointIO, checkpoint_name
 from workloads.compression import CompressionSetting, wrap_ddp
@@ -142,6 +149,9 @@ class TrainingRun:
         """This worker's node left the job (a scale-down in place); the others carry on without it."""
         self._local_loss: float | None = None
         self._last_rank, self._last_world = 0, 1
+        self._epoch_step = 0
+        self._change_kind = EpochChange.FRESH
+        self._pause_s: float | None = None
         self.changes: list[dict[str, Any]] = []
         """Every in-place epoch change this worker went through: epoch, world sizes, why, how long the pause was."""
         self.parallel: ParallelSetup
@@ -291,6 +301,7 @@ class TrainingRun:
                 self._model, self._optimizer, model_state_dict=app_state["model"], optim_state_dict=app_state["optim"]
             )
             self._step = self.resumed_from_step = self.last_checkpoint_step = latest.step
+            self._epoch_step, self._change_kind = latest.step, EpochChange.CHECKPOINT
             dump_model(
                 self.config.dump_dir,
                 f"loaded-step{latest.step}-world{self.world_size}-{self.plan.value}.pt",
@@ -323,6 +334,8 @@ class TrainingRun:
         self._ckpt = self._checkpoint_io()
         self._heal(self._formation)
         self._bind_model()
+        self.resumed_from_step = None
+        self._epoch_step, self._change_kind = self._step, EpochChange.IN_PLACE
         self._info("joined at step %d from a live peer (world %d)", self._step, self.world_size)
         dump_replica(self.config.dump_dir, f"inplace-e{self._epoch}-rank{self.rank}.pt", self._module)
         self._begin(first_boundary=False)
@@ -694,6 +707,8 @@ class TrainingRun:
         self._bind_model()
         self._rank_helpers(self._progress.outcomes)
         pause = time.monotonic() - began
+        self._epoch_step, self._change_kind, self._pause_s = self._step, EpochChange.IN_PLACE, pause
+        self.resumed_from_step = None  # nothing was loaded into this epoch
         dump_replica(self.config.dump_dir, f"inplace-e{self._epoch}-rank{self.rank}.pt", self._module)
         self.changes.append({
             "epoch": self._epoch, "from_epoch": old_epoch, "world": self.world_size, "from_world": old_world,
@@ -764,6 +779,9 @@ class TrainingRun:
             loss=self._loss,
             samples_per_s=self._meter.samples_per_s(),
             resumed_from_step=self.resumed_from_step,
+            epoch_step=self._epoch_step,
+            change=self._change_kind,
+            pause_s=self._pause_s,
             last_checkpoint_step=self.last_checkpoint_step,
             checkpoint_interval_steps=settings.checkpoint_interval_steps,
             compression=settings.compression,

@@ -84,7 +84,10 @@ async def _extend_timeline(session: AsyncSession, progress: JobProgress, *, now:
         return
     if last is not None and last.epoch > progress.epoch:
         return
-    first_step = progress.resumed_from_step if progress.resumed_from_step is not None else 0
+    if progress.epoch_step is not None:
+        first_step = progress.epoch_step
+    else:
+        first_step = progress.resumed_from_step if progress.resumed_from_step is not None else 0
     session.add(
         JobTimelineEntry(
             tenant_id=progress.tenant,
@@ -94,6 +97,8 @@ async def _extend_timeline(session: AsyncSession, progress: JobProgress, *, now:
             parallel_plan=progress.parallel_plan,
             step=first_step,
             resumed_from_step=progress.resumed_from_step,
+            change=progress.change,
+            pause_s=progress.pause_s,
             at=now,
         )
     )

@@ -134,3 +134,22 @@ def test_one_frozen_worker_among_beating_ones_is_named() -> None:
     _, verdict = run(detector, clock, 6.0, node)[0]
     assert (verdict.local_rank, verdict.pid, verdict.reason) == (1, 101, NodeFailureReason.FROZEN)
     assert verdict.describe().startswith("local rank 1 (pid 101) frozen")
+
+
+def test_a_worker_seen_stopped_is_frozen_after_the_short_bound_and_a_continue_resets_it() -> None:
+    clock = Clock()
+    detector = HangDetector(clock=clock)
+    beating = iter(range(100, 1000))
+    assert detector.observe([record(beats=next(beating))], stopped={4242}) is None  # first sight: timing starts
+    clock.now += 0.2
+    assert detector.observe([record(beats=next(beating))], stopped={4242}) is None, "stopped, not yet for 0.3 s"
+    clock.now += 0.1
+    assert detector.observe([record(beats=next(beating))], stopped=set()) is None, "continued: the stop is over"
+    clock.now += 0.1
+    assert detector.observe([record(beats=next(beating))], stopped={4242}) is None, "stopped again: timed afresh"
+    clock.now += 0.25
+    assert detector.observe([record(beats=next(beating))], stopped={4242}) is None
+    clock.now += 0.25
+    verdict = detector.observe([record(beats=next(beating))], stopped={4242})
+    assert verdict is not None and (verdict.reason, verdict.stopped) == (NodeFailureReason.FROZEN, True)
+    assert "stopped for 0.5 s (bound 0.3 s)" in verdict.describe(), "although its beat counter kept moving"

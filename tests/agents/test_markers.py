@@ -15,7 +15,7 @@ import pytest
 
 from harmonaize.job_runtime import ENV_NODE_MARKER
 from provider_agents.markers import cloud_id, host_prefix, node_marker
-from provider_agents.processes import alive, marked_processes, signal_marked
+from provider_agents.processes import alive, marked_processes, signal_marked, stopped
 from tests.support import eventually
 
 SECRET = b"markers-test-secret"
@@ -97,3 +97,13 @@ async def test_exact_markers_of_two_clouds_with_one_job_name_are_told_apart(
     assert signal_marked(node_marker(ours, "h1", "acme.train.e1"), signal.SIGTERM) == [mine]
     await eventually(lambda: not alive(mine), what="our node gone")
     assert alive(other)
+
+
+async def test_a_stopped_process_is_seen_stopped_until_continued(spawn: Callable[[str], int]) -> None:
+    pid = spawn("stopped-test.h1.acme.train.e1")
+    assert not stopped(pid)
+    os.kill(pid, signal.SIGSTOP)
+    await eventually(lambda: stopped(pid), what="the process seen stopped")
+    os.kill(pid, signal.SIGCONT)
+    await eventually(lambda: not stopped(pid), what="the process seen running again")
+    assert not stopped(2**22 + 12345), "no such process: not stopped"

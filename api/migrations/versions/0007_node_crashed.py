@@ -29,13 +29,12 @@ def _reasons(values: tuple[str, ...]) -> sa.Enum:
 
 
 def upgrade() -> None:
+    # alter_column replaces the CHECK of `existing_type` with the new type's (on SQLite by rebuilding the table)
     with op.batch_alter_table("job_node_failures") as batch:
-        batch.drop_constraint(op.f("ck_job_node_failures_node_failure_reason"), type_="check")
         batch.alter_column("reason", type_=_reasons(AFTER), existing_type=_reasons(BEFORE), existing_nullable=False)
 
 
 def downgrade() -> None:
     op.execute("DELETE FROM job_node_failures WHERE reason = 'crashed'")
     with op.batch_alter_table("job_node_failures") as batch:
-        batch.drop_constraint(op.f("ck_job_node_failures_node_failure_reason"), type_="check")
         batch.alter_column("reason", type_=_reasons(BEFORE), existing_type=_reasons(AFTER), existing_nullable=False)
