@@ -272,7 +272,7 @@ class DemoStory:
                     hosts = await self._hosts_of(admin, JOB)
                     self.summary.moved_before_failure = PREDICTED_HOST not in hosts
                     if self.summary.moved_before_failure and progress is not None and warned_epoch is not None:
-                        self.summary.move_steps_lost = self._steps_lost(info, warned_epoch, progress)
+                        self.summary.move_steps_lost = _steps_redone(info.data_dir, progress)
                     fleet.kill_host(PREDICTED_HOST)
                     self._say(f"{PREDICTED_HOST} failed as predicted; the job "
                               + ("had left it" if self.summary.moved_before_failure else f"was still on it ({hosts})"))
@@ -287,11 +287,12 @@ class DemoStory:
                     if past_kill and progress["step"] > (progress["resumed_from_step"] or 0):
                         self.summary.recovered = True
                         self.summary.recovery_s = round(time.monotonic() - killed_at, 1)
-                        self.summary.steps_lost = self._steps_lost(info, kill_epoch or 0, progress)
+                        self.summary.steps_lost = _steps_redone(info.data_dir, progress)
+                        how = ("in place" if progress.get("change") == "in_place"
+                               else f"from the checkpoint of step {progress['resumed_from_step'] or 0}")
                         self._say(
                             f"recovered at world size {progress['world_size']} after {self.summary.recovery_s} s, "
-                            f"resumed from step {progress['resumed_from_step'] or 0} "
-                            f"({self.summary.steps_lost} step(s) lost)"
+                            f"{how} ({self.summary.steps_lost} step(s) lost)"
                         )
                 self.summary.repartitioned = any(entry["parallel_plan"] == "hsdp" for entry in timeline)
                 if self.live:
@@ -307,12 +308,6 @@ class DemoStory:
                     break
                 await asyncio.sleep(0.5)
         self.summary.duration_s = time.monotonic() - self.started
-
-    @staticmethod
-    def _steps_lost(info: LocalCloudInfo, epoch: int, progress: dict[str, Any]) -> int | None:
-        """Steps done in `epoch` that the job, now past it, did not resume from (None: no step of it was logged)."""
-        last = _last_logged_step(info.data_dir, epoch)
-        return max(0, last - (progress["resumed_from_step"] or 0)) if last >= 0 else None
 
     async def _hosts_of(self, admin: httpx.AsyncClient, job: str, tenant: str = "demo") -> list[str]:
         reply = await admin.get("/v1/allocations", params={"tenant_id": tenant, "job_id": job})
@@ -441,6 +436,7 @@ class DemoStory:
             f"{entry['world_size']} {entry['parallel_plan']} (from step {entry['step']})"
             for entry in summary.world_sizes
         ))
+        table.add_row("how each change went", "; ".join(_change_text(entry) for entry in summary.world_sizes[1:]))
         table.add_row("micro-loop directives", "; ".join(f"v{d['version']} {d['state']}" for d in summary.directives))
         table.add_row("predicted failure", f"left {PREDICTED_HOST} before it failed, "
                       f"{summary.move_steps_lost} step(s) lost" if summary.moved_before_failure
@@ -469,13 +465,27 @@ class _Null:
         return None
 
 
-def _last_logged_step(data_dir: Path, epoch: int) -> int:
-    """The last step any rank 0 of `epoch` logged as done (examples log `step=N loss=...` every step here)."""
-    best = -1
-    for log in data_dir.glob(f"hosts/*/jobs/*.{JOB}/node-e{epoch}.log"):
-        for match in re.findall(r"step=(\d+) loss=", log.read_text(errors="replace")):
-            best = max(best, int(match))
-    return best
+def _steps_redone(data_dir: Path, progress: dict[str, Any]) -> int:
+    """Steps the job did twice around its latest change: step numbers past the one its epoch began at that rank 0
+    logged more than once (examples log `step=N loss=...` every step here; a step is logged once unless it was lost
+    and redone, whether the job changed in place or resumed from a checkpoint)."""
+    since = progress.get("epoch_step")
+    if since is None:
+        since = progress["resumed_from_step"] or 0
+    seen: Counter[int] = Counter()
+    for log in data_dir.glob(f"hosts/*/jobs/*.{JOB}/node-e*.log"):
+        seen.update(int(match) for match in re.findall(r"step=(\d+) loss=", log.read_text(errors="replace")))
+    return sum(1 for step, count in seen.items() if step > since and count > 1)
+
+
+def _change_text(entry: dict[str, Any]) -> str:
+    """One timeline entry's change: in place with the running ranks' pause, or a restart from a checkpoint."""
+    if entry.get("change") == "in_place":
+        pause = entry.get("pause_s")
+        return f"e{entry['epoch']} in place" + (f", paused {pause * 1000:.0f} ms" if pause is not None else "")
+    if entry.get("change") == "checkpoint":
+        return f"e{entry['epoch']} restarted from the checkpoint of step {entry['resumed_from_step']}"
+    return f"e{entry['epoch']} {entry.get('change') or 'unreported'}"
 
 
 def _bearer(token: str) -> dict[str, str]:

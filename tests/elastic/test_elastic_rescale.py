@@ -47,9 +47,12 @@ async def test_negotiated_scale_up_and_down_keep_the_running_workers(cloud: Elas
     assert smaller["step"] > bigger["step"]
 
     timeline = await cloud.timeline("train")
-    assert [entry["world_size"] for entry in timeline] == [2, 3, 2]
+    assert [(entry["world_size"], entry["change"]) for entry in timeline] == [
+        (2, "fresh"), (3, "in_place"), (2, "in_place")
+    ]
     steps = [entry["step"] for entry in timeline]
-    assert steps == sorted(steps) and steps[0] == 0
+    assert steps[0] == 0 and first["step"] <= steps[1] < bigger["step"] and bigger["step"] <= steps[2] < smaller["step"]
+    assert all(entry["pause_s"] is not None and entry["pause_s"] >= 0 for entry in timeline[1:])
 
     logs = [path.read_text(errors="replace") for path in cloud.data_dir.glob("agent-*.log")]
     assert sum(log.count("in place") for log in logs) >= 4, "both changes reached the running nodes in place"

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from harmonaize.job_runtime import (
     CONTROL_MEMBERSHIP_FILE,
     CONTROL_PROGRESS_FILE,
+    EpochChange,
     JobProgress,
     Membership,
     NodeLiveness,
@@ -59,7 +60,7 @@ class InPlaceJob:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.store.port}"
 
-    def start(self, name: str) -> Host:
+    def start(self, name: str, *, args: tuple[str, ...] = MLP_ARGS) -> Host:
         control = self.root / "hosts" / name
         spec_path = control / f"spec-e{self.epoch}.json"
         write_model_atomically(
@@ -70,7 +71,7 @@ class InPlaceJob:
             ),
         )
         node = self.cluster.start(
-            "workloads.examples.mlp", nproc=1, args=MLP_ARGS, spec=spec_path, dump_dir=self.root / "dumps"
+            "workloads.examples.mlp", nproc=1, args=args, spec=spec_path, dump_dir=self.root / "dumps"
         )
         host = Host(name, control, node)
         self.hosts[name] = host
@@ -93,15 +94,17 @@ class InPlaceJob:
         return max((p for p in found if p is not None), key=lambda p: p.updated_at, default=None)
 
     def running(self, *, world: int, epoch: int, steps_after: int = 3, timeout: float = 60) -> JobProgress:
-        first = wait_for(
-            lambda: (p := self.progress()) is not None and p.world_size == world and p.epoch == epoch and p,
-            timeout=timeout, what=f"world {world} in epoch {epoch}",
-        )
-        return wait_for(
-            lambda: (p := self.progress()) is not None and p.epoch == epoch and p.step >= first.step + steps_after
-            and p,
-            timeout=timeout, what=f"{steps_after} steps in epoch {epoch}",
-        )
+        def at_size() -> JobProgress | None:
+            p = self.progress()
+            return p if p is not None and p.world_size == world and p.epoch == epoch else None
+
+        first = wait_for(at_size, timeout=timeout, what=f"world {world} in epoch {epoch}")
+
+        def stepped() -> JobProgress | None:
+            p = at_size()
+            return p if p is not None and p.step >= first.step + steps_after else None
+
+        return wait_for(stepped, timeout=timeout, what=f"{steps_after} steps in epoch {epoch}")
 
     def worker_pid(self, name: str) -> int:
         beat = wait_for(
@@ -193,3 +196,26 @@ def test_survivors_go_on_after_a_peer_fails(in_place: InPlaceJob, fault: str) ->
     losses = _losses(job)
     assert max(losses) > before.step
     assert after.loss is not None and before.loss is not None and after.loss < before.loss * 1.5
+
+
+def test_with_no_survivor_the_job_resumes_from_its_checkpoint(in_place: InPlaceJob) -> None:
+    """The fallback: every worker of the job is gone, so nobody holds the state in memory; the next epoch's workers
+    load the latest checkpoint, and say so."""
+    job = in_place
+    args = (*MLP_ARGS[:-1], "10")  # a checkpoint every 10 steps
+    for name in ("h1", "h2"):
+        job.start(name, args=args)
+    first = job.announce(["h1", "h2"])
+    job.running(world=2, epoch=first, steps_after=25)
+    for name in ("h1", "h2"):
+        os.kill(job.worker_pid(name), signal.SIGKILL)
+        job.hosts[name].node.wait(timeout=30)
+    saved = max(int(p.name.split("-")[1]) for p in (job.root / "checkpoints").glob("step-*") if "." not in p.name)
+
+    job.epoch += 1
+    job.start("h3", args=args)
+    job.start("h4", args=args)
+    again = job.announce(["h3", "h4"])
+    resumed = job.running(world=2, epoch=again)
+    assert resumed.resumed_from_step == saved and resumed.change == EpochChange.CHECKPOINT
+    assert resumed.epoch_step == saved
