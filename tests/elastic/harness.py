@@ -145,14 +145,16 @@ class ElasticCloud:
     async def running_at(
         self, job: str, *, world: int, epoch_at_least: int = 0, steps_after: int = 0
     ) -> dict[str, Any]:
-        """Progress once the job runs at `world` workers in an epoch >= `epoch_at_least`, `steps_after` steps past its
-        resume point."""
+        """Progress once the job runs at `world` workers in an epoch >= `epoch_at_least`, `steps_after` steps past the
+        step that epoch began at."""
 
         async def probe() -> dict[str, Any] | None:
             progress = await self.progress(job)
             if progress is None or progress["world_size"] != world or progress["epoch"] < epoch_at_least:
                 return None
-            start = progress["resumed_from_step"] or 0
+            start = progress.get("epoch_step")  # the step the epoch began at (in place or resumed)
+            if start is None:
+                start = progress["resumed_from_step"] or 0
             return progress if progress["step"] >= start + steps_after else None
 
         return dict(await wait_for(probe, timeout=90, what=f"{job} running at world size {world}", interval=0.2))
