@@ -113,7 +113,11 @@ class TimelineEntryPublic(BaseModel):
         "checkpoint: a plan change or the fallback when no live worker held the state) or in_place (the running "
         "workers kept their processes and state; joiners copied it from a live peer).",
     )
-    pause_s: float | None = Field(default=None, description="In place: how long the running ranks stood still.")
+    pause_s: float | None = Field(
+        default=None,
+        description="How long the job stood still for the change: in place, the running ranks' group change and "
+        "state transfer; after a restart, from the save of the checkpoint it resumed to the restarted job ready.",
+    )
     at: datetime
 
     @classmethod

@@ -392,7 +392,7 @@ class JobTimelineEntry(Base):
     change: Mapped[EpochChange | None] = mapped_column(_enum(EpochChange, "epoch_change", 16), default=None)
     """How the job got into this shape (fresh, checkpoint, in_place); None in rows from before it was reported."""
     pause_s: Mapped[float | None] = mapped_column(Float, default=None)
-    """In place: how long the running ranks stood still for the change."""
+    """How long the job stood still for the change (`JobProgress.pause_s`)."""
     at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 

@@ -215,7 +215,8 @@ class JobProgress(_Model):
     change: EpochChange | None = Field(default=None, description="How the job got into this epoch.")
     pause_s: float | None = Field(
         default=None, ge=0, le=1e9, allow_inf_nan=False,
-        description="In place: how long the running ranks stood still for the change (group and state transfer).",
+        description="How long the job stood still for the change: in place, the running ranks' group change and "
+        "state transfer; after a restart, from the save of the checkpoint it resumed to the restarted job ready.",
     )
     last_checkpoint_step: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     checkpoint_interval_steps: int = Field(ge=1, le=MAX_COUNT)

@@ -80,6 +80,16 @@ TRAINER_STATE_FORMAT = 1
 _log = logging.getLogger("workloads")
 
 
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
 class TrainingRun:
     """One worker's view of an elastic training job; every method with a collective is called by all ranks alike."""
 
@@ -152,6 +162,8 @@ class TrainingRun:
         self._epoch_step = 0
         self._change_kind = EpochChange.FRESH
         self._pause_s: float | None = None
+        self._saved_at: datetime | None = None
+        """When the checkpoint this run resumed from was saved (wall clock: another process saved it)."""
         self.changes: list[dict[str, Any]] = []
         """Every in-place epoch change this worker went through: epoch, world sizes, why, how long the pause was."""
         self.parallel: ParallelSetup
@@ -288,6 +300,7 @@ class TrainingRun:
         latest, trainer_state = self._ckpt.find_latest()
         if trainer_state is not None:
             self._restore_trainer_state(trainer_state)
+            self._saved_at = _parse_time(trainer_state.get("saved_at"))
         self.settings = self._runnable(effective_settings(self.defaults, self._applied))
         if self._session is None:
             self._build_model()
@@ -324,6 +337,9 @@ class TrainingRun:
         self._started = True
         self._running = True
         self._beacon.stepped(self._step)
+        if self._change_kind is EpochChange.CHECKPOINT and self._saved_at is not None:
+            # a restart's pause: from the save of the state it resumed (a graceful stop saves at its last step) to now
+            self._pause_s = max(0.0, (datetime.now(UTC) - self._saved_at).total_seconds())
         self._report(force=True)
         if first_boundary:
             self._safe_boundary()
@@ -503,7 +519,7 @@ class TrainingRun:
         saved = False
         if due and self.last_checkpoint_step != self._step and (self._step > 0 or checkpoint_now):
             self._beacon.enter(NodePhase.CHECKPOINT)
-            self._save()
+            self._save_or_lose_peer()
             saved = True
         if stop or finished:
             self._running = False
@@ -570,6 +586,17 @@ class TrainingRun:
         self.last_checkpoint_step = self._step
         dump_model(self.config.dump_dir, f"saved-step{self._step}.pt", self._model, rank=self.rank)
         self._info("checkpoint %s saved in %.2f s", path.name, time.monotonic() - began)
+
+    def _save_or_lose_peer(self) -> None:
+        """Save; in place, a peer lost during the save (DCP's own collectives, which cannot be abandoned) is a
+        `PeerLost` like any other: the save stays a `.partial`, never loaded, and the job moves to the next epoch."""
+        try:
+            self._save()
+        except RuntimeError as exc:
+            if self._session is None:
+                raise
+            self._session.group.mark_broken()
+            raise PeerLost(f"the checkpoint of step {self._step} was interrupted: {exc}") from exc
 
     def _app_state(self) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(self._model, self._optimizer)

@@ -484,7 +484,9 @@ def _change_text(entry: dict[str, Any]) -> str:
         pause = entry.get("pause_s")
         return f"e{entry['epoch']} in place" + (f", paused {pause * 1000:.0f} ms" if pause is not None else "")
     if entry.get("change") == "checkpoint":
-        return f"e{entry['epoch']} restarted from the checkpoint of step {entry['resumed_from_step']}"
+        pause = entry.get("pause_s")
+        return (f"e{entry['epoch']} restarted from the checkpoint of step {entry['resumed_from_step']}"
+                + (f", paused {pause:.1f} s" if pause is not None else ""))
     return f"e{entry['epoch']} {entry.get('change') or 'unreported'}"
 
 

@@ -38,7 +38,10 @@ def test_the_demo_tells_the_whole_story(tmp_path: Path) -> None:
     changes = [(entry["change"], entry["parallel_plan"]) for entry in summary["world_sizes"]]
     assert changes[0] == ("fresh", "ddp") and ("in_place", "ddp") in changes, changes
     assert changes[-1] == ("checkpoint", "hsdp"), "a repartition restarts and resumes from the checkpoint"
-    assert all(entry["pause_s"] is not None for entry in summary["world_sizes"] if entry["change"] == "in_place")
+    assert all(entry["pause_s"] is not None for entry in summary["world_sizes"][1:]), "every change's pause"
+    assert summary["world_sizes"][-1]["pause_s"] > max(
+        entry["pause_s"] for entry in summary["world_sizes"] if entry["change"] == "in_place"
+    ), "a restart from the checkpoint stands the job still longer than any change in place"
     assert summary["moved_before_failure"], "the failure guard's replacement moved the job off the predicted host"
     assert summary["move_steps_lost"] == 0, summary
     assert any("maintenance is scheduled" in d["reason"] for d in summary["directives"]), (

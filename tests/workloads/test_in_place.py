@@ -219,3 +219,4 @@ def test_with_no_survivor_the_job_resumes_from_its_checkpoint(in_place: InPlaceJ
     resumed = job.running(world=2, epoch=again)
     assert resumed.resumed_from_step == saved and resumed.change == EpochChange.CHECKPOINT
     assert resumed.epoch_step == saved
+    assert resumed.pause_s is not None and resumed.pause_s > 0, "from the checkpoint's save to the restart"
