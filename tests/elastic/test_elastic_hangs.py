@@ -31,6 +31,7 @@ from provider_agents.hang_detector import HangBounds
 from provider_agents.node_watch import WATCH_INTERVAL_S
 from provider_agents.processes import marked_processes
 from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for
+from tests.elastic.test_elastic_rescale import worker_pids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -96,6 +97,7 @@ async def test_a_frozen_node_on_a_healthy_host_is_declared_hung_and_the_job_goes
     before = await wait_for(checkpointed, timeout=90, what="a checkpoint at world size 2", interval=0.2)
     victim = "h2" if host_of_rank0(cloud, "train") != "h2" else "h1"
     survivor = "h1" if victim == "h2" else "h2"
+    pid = (await worker_pids(cloud, "train", [survivor]))[survivor]
     stopped_at = datetime.now(UTC)
     started = time.monotonic()
     marker, frozen = freeze_node(cloud, victim, "train")
@@ -114,6 +116,7 @@ async def test_a_frozen_node_on_a_healthy_host_is_declared_hung_and_the_job_goes
     assert HangBounds().stopped_s <= declared_s <= DECLARED_WITHIN_S, declared_s
     assert recovered_s < RECOVERY_BUDGET_S, recovered_s
     assert after["resumed_from_step"] is None, "in place: the survivor abandoned its collective, kept its state"
+    assert (await worker_pids(cloud, "train", [survivor]))[survivor] == pid, "the survivor was not restarted"
     assert (event.host, event.reason) == (host_pseudonym(cloud.provider_secret, "acme", victim), "frozen")
 
     await wait_for(lambda: not marked_processes(marker), timeout=10, what="the frozen node's processes killed")
