@@ -1,6 +1,6 @@
 """`harmonaize controller run script.py`: load a controller script, connect it, run it until SIGINT/SIGTERM.
 
-The script only declares handlers (STYLE.md 1); everything about connections comes from the environment through
+The script only declares handlers; everything about connections comes from the environment through
 `Settings` (`HZ_TENANT`, `HZ_TENANT_TOKEN`, `HZ_TENANT_NATS_SEED`, `HZ_NATS_URL`, `HZ_API_URL`), so the same script
 runs against the local cloud, a real provider, or a test. Messages for shell users are one line on stderr; exit codes:
 0 after a clean stop, 2 for a bad script or configuration (missing credentials name their variable), 1 when the

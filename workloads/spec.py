@@ -2,8 +2,8 @@
 
 Under HarmonAIze the node launcher writes a `WorkerSpec` and points `$HZ_RUN_SPEC` at it; the spec is the provider's
 word on the checkpoint and control directories, the parallel plan and this node's locality group, so it wins over
-flags. The same script must also run under a bare `torchrun` on a laptop (lesson 8 of STYLE.md: keep the elastic
-contract tiny), so without a spec the runtime falls back to `--checkpoint-dir` / `$HZ_CHECKPOINT_DIR` and friends.
+flags. The same script must also run under a bare `torchrun` on a laptop (the elastic contract stays
+tiny), so without a spec the runtime falls back to `--checkpoint-dir` / `$HZ_CHECKPOINT_DIR` and friends.
 
 This module imports neither torch nor the process group: it is pure configuration, tested without processes.
 """

@@ -1,4 +1,4 @@
-"""The API's import rules (STYLE.md point 10), checked on the source so they cannot erode quietly."""
+"""The API's import rules, checked on the source so they cannot erode quietly."""
 
 from __future__ import annotations
 

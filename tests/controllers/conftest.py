@@ -1,4 +1,4 @@
-"""Fixtures for the tenant-controller tests, and the hygiene every one of them gets (STYLE.md 4).
+"""Fixtures for the tenant-controller tests, and the hygiene every one of them gets.
 
 Autouse: a test that leaves asyncio tasks running fails (a controller that does not stop cleanly is a bug, and its
 leftovers would make the next test flaky); each test gets its own state directory as the working directory, so a

@@ -26,6 +26,7 @@ from api.serving import serve_api
 from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
+from harmonaize.job_runtime import NodeLiveness, liveness_path, read_model
 from harmonaize.settings import Settings
 from provider_agents.markers import cloud_id, host_prefix
 from provider_agents.processes import marked_processes, signal_marked
@@ -200,6 +201,21 @@ class ElasticCloud:
             text = path.read_text(errors="replace")
             parts.append(f"==== {path.relative_to(self.data_dir)}\n{text[-4000:]}")
         return "\n".join(parts)
+
+
+async def worker_pids(cloud: ElasticCloud, job: str, hosts: list[str]) -> dict[str, int]:
+    """host -> pid of its worker (local rank 0), from the liveness file its launcher reads."""
+
+    def probe() -> dict[str, int] | None:
+        pids = {}
+        for host in hosts:
+            beat = read_model(liveness_path(cloud.data_dir / "hosts" / host / "jobs" / f"acme.{job}", 0), NodeLiveness)
+            if beat is None:
+                return None
+            pids[host] = beat.pid
+        return pids
+
+    return dict(await wait_for(probe, timeout=60, what=f"workers of {job} beating on {hosts}"))
 
 
 CloudFactory = Callable[..., Awaitable[ElasticCloud]]

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from provider_agents.processes import signal_marked
-from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for
-from tests.elastic.test_elastic_rescale import worker_pids
+from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for, worker_pids
 
 pytestmark = pytest.mark.timeout(300)
 

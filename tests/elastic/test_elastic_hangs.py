@@ -30,8 +30,7 @@ from harmonaize.pseudonyms import host_pseudonym
 from provider_agents.hang_detector import HangBounds
 from provider_agents.node_watch import WATCH_INTERVAL_S
 from provider_agents.processes import marked_processes
-from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for
-from tests.elastic.test_elastic_rescale import worker_pids
+from tests.elastic.harness import CloudFactory, ElasticCloud, mlp_job, wait_for, worker_pids
 
 pytestmark = pytest.mark.timeout(300)
 

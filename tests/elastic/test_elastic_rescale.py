@@ -7,25 +7,9 @@ from __future__ import annotations
 import pytest
 
 from harmonaize.event_loop import resolve_event_loop
-from harmonaize.job_runtime import NodeLiveness, liveness_path, read_model
-from tests.elastic.harness import ElasticCloud, mlp_job, wait_for
+from tests.elastic.harness import ElasticCloud, mlp_job, worker_pids
 
 pytestmark = pytest.mark.timeout(300)
-
-
-async def worker_pids(cloud: ElasticCloud, job: str, hosts: list[str]) -> dict[str, int]:
-    """host -> pid of its worker (local rank 0), from the liveness file its launcher reads."""
-
-    def probe() -> dict[str, int] | None:
-        pids = {}
-        for host in hosts:
-            beat = read_model(liveness_path(cloud.data_dir / "hosts" / host / "jobs" / f"acme.{job}", 0), NodeLiveness)
-            if beat is None:
-                return None
-            pids[host] = beat.pid
-        return pids
-
-    return dict(await wait_for(probe, timeout=60, what=f"workers of {job} beating on {hosts}"))
 
 
 async def test_negotiated_scale_up_and_down_keep_the_running_workers(cloud: ElasticCloud) -> None:

@@ -1,7 +1,7 @@
 """Fixtures of the fault-injection suite: the real broker and API (tests/controllers/live_cloud.py), a private
 PostgreSQL database (HZ_TEST_POSTGRES_URL, as in tests/api: skipped when unreachable, failed under CI), and hygiene.
 
-Autouse: a test that leaves asyncio tasks running fails (STYLE.md 4), since a fault test that leaks a task would
+Autouse: a test that leaves asyncio tasks running fails, since a fault test that leaks a task would
 make the next one flaky; each test runs in its own working directory.
 """
 

@@ -3,7 +3,7 @@ restarts midway, ends in the same final state as the same controller fed the sam
 
 Real broker and real API (tests/controllers/live_cloud.py); the controller runs in this process so that a fault
 transport can sit between it and its real durable consumer (`NatsEventSource`), the way httpx's mock transport sits
-under a client (STYLE.md 3). Per seed, from one `random.Random(seed)`:
+under a client. Per seed, from one `random.Random(seed)`:
 
 * publishing: the readings go out of order (shuffled within windows of six), and some are published twice under
   different message ids (stored twice: a duplicate only de-duplication by CloudEvent id can catch);

@@ -143,7 +143,7 @@ class ElasticGroup:
         else:
             arrival = int(self._store.add(prefix + "arrived", 1))
             self._store.set(slot, str(arrival))
-        record = {"pid": os.getpid(), "step": step, "old_rank": self.rank if self._group_ever() else None}
+        record = {"pid": os.getpid(), "step": step, "old_rank": self.rank if self.epoch is not None else None}
         self._store.set(prefix + f"member/{arrival}", json.dumps(record))
         deadline = time.monotonic() + self._timeout_s
         while (arrived := int(self._store.add(prefix + "arrived", 0))) < world:
@@ -182,9 +182,6 @@ class ElasticGroup:
             survivors=len(stateful),
             joiners=world - len(stateful),
         )
-
-    def _group_ever(self) -> bool:
-        return self.epoch is not None
 
     # -- abandoning -----------------------------------------------------------------------------------------------
 
