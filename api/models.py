@@ -397,3 +397,4 @@ class JobTimelineEntry(Base):
 
 
 import api.models_node_failures  # noqa: E402,F401  (its table, on the same metadata; a module of its own for size)
+import api.models_standby  # noqa: E402,F401  (the same)

@@ -109,6 +109,7 @@ PG_TIMEOUT_S = 1800.0  # torch.distributed.constants.default_pg_timeout (checked
 
 STEP_RE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) workloads\.examples INFO step=(\d+) loss=\S+ world=(\d+)")
 READY_RE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) workloads INFO \[rank 0/(\d+)\] ready at step (\d+)")
+STANDBY_TEXT = "standing by for an open offer"
 TORCHRUN_RE = re.compile(
     r"^[IWE](\d{4}) (\d\d:\d\d:\d\d\.\d{6}) +\d+ \S+\] \[default\] "
     r"(Rendezvous'ing worker group|Starting worker group|Worker group FAILED|Detected \d+ new nodes)"
@@ -522,19 +523,41 @@ class Provider:
 
     # -- API helpers --
 
-    async def negotiate(self, workers: int) -> float:
-        """Request a scale to `workers` and accept the first option; returns when the accept response arrived."""
+    async def negotiate(self, workers: int, *, warm_timeout: float = 0.0) -> float:
+        """Request a scale to `workers` and accept the first option; returns when the accept response arrived.
+
+        `warm_timeout` > 0: accept only once the offer's warm joiner stands by (its node log says so), as a tenant
+        that takes a moment to decide would; when it did is `self.warmed_at` (None: not in time).
+        """
         assert self.tenant is not None
+        opened_at = time.time()
         opened = await self.tenant.post("/v1/negotiations", headers={"Idempotency-Key": secrets.token_hex(8)},
                                         json={"job": JOB, "kind": "scale", "terms": {"desired_workers": workers}})
         if opened.status_code != 201 or opened.json().get("state") != "offered":
             raise RuntimeError(
                 f"negotiation to {workers} workers not offered: {opened.status_code} {opened.text[:300]}")
+        self.warmed_at: float | None = None
+        deadline = time.monotonic() + warm_timeout
+        while time.monotonic() < deadline:
+            if self.standing_by(after=opened_at):
+                self.warmed_at = time.time()
+                break
+            await asyncio.sleep(0.05)
         accepted = await self.tenant.post(f"/v1/negotiations/{opened.json()['id']}/accept", json={"option": 0})
         done = time.time()
         if accepted.status_code != 200:
             raise RuntimeError(f"accept failed: {accepted.status_code} {accepted.text[:300]}")
         return done
+
+    def standing_by(self, *, after: float) -> bool:
+        """Whether a node of the job started after `after` stands by for an offer, model built."""
+        for path in self.data_dir.glob(f"hosts/*/jobs/{TENANT}.{JOB}/node-e*.log"):
+            try:
+                if path.stat().st_mtime >= after and STANDBY_TEXT in path.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+        return False
 
     async def status(self) -> dict[str, Any]:
         assert self.tenant is not None
@@ -673,9 +696,13 @@ async def run_ours(
 
         async def agreement(key: str, workers: int, world_before: int) -> None:
             epoch = await epoch_now()
-            accepted = await p.negotiate(workers)
+            accepted = await p.negotiate(workers, warm_timeout=args.warm_timeout if workers > world_before else 0.0)
             out[key] = t = await transition(f"agreement {world_before} -> {workers}", workers, accepted,
                                             ApiProbe(p, workers, epoch), args.timeout)
+            if workers > world_before:
+                t.stages["joiner standing by (before the accept)"] = since(accepted, p.warmed_at)
+                if p.warmed_at is None:
+                    t.note = f"the warm joiner was not standing by within {args.warm_timeout:.0f} s: accepted cold"
             await settle(workers, accepted)
             watcher.poll()
             t.gap_s = longest_gap(watcher, accepted, t.first_step)
@@ -1052,6 +1079,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-interval", type=int, default=20, help="the job's checkpoint interval (default 20)")
     ap.add_argument("--settle-steps", type=int, default=25,
                     help="steps run at a world size before the next trigger (default 25)")
+    ap.add_argument("--warm-timeout", type=float, default=30.0,
+                    help="seconds a scale-up waits for the offer's warm joiner before accepting (default 30; 0: "
+                         "accept at once, cold)")
     ap.add_argument("--freeze-cap", type=float, default=120.0,
                     help="seconds torchrun alone is given to recover from a frozen host (default 120)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds any other transition may take (120)")

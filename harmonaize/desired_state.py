@@ -22,8 +22,12 @@ from harmonaize.jobs import ParallelPlan
 from harmonaize.subjects import provider_subject
 
 DESIRED_STATE_BUCKET = "hz_desired"
-HEARTBEAT_INTERVAL_S = 1.0
-MISSED_HEARTBEATS_FOR_FAILURE = 3
+HEARTBEAT_INTERVAL_S = 0.25
+MISSED_HEARTBEATS_FOR_FAILURE = 12
+"""A host silent this many heartbeats (3 s) is down: long enough for an agent to be restarted, its nodes running."""
+MISSED_HEARTBEATS_WHILE_PEERS_WAIT = 2
+"""A host silent this many heartbeats (0.5 s) is down at once when a job on it has ranks elsewhere that stand still,
+waiting on a peer (`Heartbeat.waiting`): the host froze or died with them, an agent restart blocks no collective."""
 
 
 def host_key(host: str) -> str:
@@ -68,6 +72,16 @@ class AssignedJob(_State):
     restart: RestartMode = RestartMode.GRACEFUL
     ranges: JobRanges = JobRanges()
     directives: Directives = Directives()
+    standby_until: datetime | None = Field(
+        default=None,
+        description="Set for a warm joiner (`HostAssignment.standby`): an open offer would place the job here. Its "
+        "node starts and builds the model but joins only once the offer is accepted (the job then appears in "
+        "`jobs`); it is stopped when the offer closes otherwise, at the latest at this time (the offer's expiry).",
+    )
+
+    @property
+    def standby(self) -> bool:
+        return self.standby_until is not None
 
 
 class HostAssignment(_State):
@@ -77,6 +91,12 @@ class HostAssignment(_State):
     locality_group: Annotated[str, StringConstraints(pattern=ID_PATTERN)]
     generation: int = Field(ge=0)
     jobs: tuple[AssignedJob, ...] = ()
+    standby: tuple[AssignedJob, ...] = Field(
+        default=(),
+        description="Warm joiners (each with `standby_until`): jobs an open offer would grow onto this host. Kept "
+        "apart from `jobs`, since nothing but the node launcher may treat them as placed here (no events, no "
+        "micro loop, no host-down report).",
+    )
     updated_at: datetime
 
 
@@ -84,3 +104,9 @@ class Heartbeat(_State):
     host: HostId
     seq: int = Field(ge=0)
     at: datetime
+    waiting: tuple[str, ...] = Field(
+        default=(),
+        max_length=4096,
+        description="`<tenant>/<job>` of the jobs whose workers here beat but have stood still past the launcher's "
+        "peer-wait bound: blocked in a collective, on a peer.",
+    )

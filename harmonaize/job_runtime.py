@@ -68,8 +68,9 @@ CONTROL_DIRECTIVES_FILE = "directives.json"
 CONTROL_PROGRESS_FILE = "progress.json"
 CONTROL_MEMBERSHIP_FILE = "membership.json"
 CONTROL_LIVENESS_GLOB = "liveness-*.json"
-LIVENESS_BEAT_INTERVAL_S = 0.5
-"""How often a worker's beat thread rewrites its liveness file; the launcher's hang bounds are many beats long."""
+LIVENESS_BEAT_INTERVAL_S = 0.1
+"""How often a worker's beat thread rewrites its liveness file; the launcher's hang bounds are many beats long, and
+its peer-wait bound (0.5 s) must see a stepping job's step move well within it."""
 
 MAX_OUTCOMES = 20
 MAX_COUNT = 2**53
@@ -162,6 +163,11 @@ class WorkerSpec(_Model):
         max_length=300,
         description="`host:port` of the job's provider-hosted store. Set for an in-place node: its workers form "
         "the job's process group there themselves (`Membership`) instead of through torchrun's rendezvous.",
+    )
+    standby_until: datetime | None = Field(
+        default=None,
+        description="A warm joiner started while an offer is open: it builds the model and waits for its first "
+        "`Membership` until the offer's expiry (the launcher stops it sooner if the offer is not taken).",
     )
 
 

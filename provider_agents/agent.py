@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -109,7 +109,9 @@ class Agent:
         secret: bytes,
         raw: RawSink | None = None,
         clock: Clock | None = None,
+        waiting: Callable[[], tuple[str, ...]] | None = None,
     ) -> None:
+        """`waiting`: the jobs whose workers here wait on a peer (the node launcher's), sent in every heartbeat."""
         if not secret:
             raise ValueError("the agent needs the provider secret (HZ_PROVIDER_SECRET) to make pseudonyms")
         self.config = config
@@ -123,6 +125,7 @@ class Agent:
         self._tracker = ChangeTracker(carbon_every=config.carbon_every)
         self._stop = asyncio.Event()
         self._heartbeat_seq = 0
+        self._waiting = waiting
         self._warned_group: str | None = None
         self.state: AgentState | None = None
         self.source_failures = 0
@@ -180,7 +183,8 @@ class Agent:
 
     async def heartbeat(self) -> Heartbeat:
         """Publish one heartbeat (provider-internal, best effort)."""
-        beat = Heartbeat(host=self.host, seq=self._heartbeat_seq, at=self._clock.now())
+        waiting = self._waiting() if self._waiting is not None else ()
+        beat = Heartbeat(host=self.host, seq=self._heartbeat_seq, at=self._clock.now(), waiting=waiting)
         self._heartbeat_seq += 1
         if self._raw is not None:
             await self._raw.publish_raw(heartbeat_subject(self.host), beat.model_dump_json().encode())

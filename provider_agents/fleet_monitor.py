@@ -12,6 +12,12 @@ itself every check, but a job placed on the dead host later is still told (level
 When heartbeats resume the outage is over and the memory is cleared; the contract has no "recovered" event, so the
 recovery is only logged (a returning host shows up to tenants through the control plane placing work on it again).
 
+A silent host is declared down sooner, after `MISSED_HEARTBEATS_WHILE_PEERS_WAIT` intervals, when a job placed on it
+has workers on another, beating host that stand still waiting on a peer (`Heartbeat.waiting`): a frozen or dead host
+blocks its jobs' collectives at once, while an agent that is merely restarting blocks nothing (its nodes run on), so
+only the full window covers that case. Both sides must be fresh, and the monitor must not itself have stalled (after
+a stall of its own every host looks silent until the queued heartbeats are read).
+
 Liveness is measured on the monitor's monotonic clock at receipt, not from the timestamps agents write, so clock
 skew between hosts cannot fake or hide an outage. A host the desired state lists but that has never sent a heartbeat
 is given the same grace period from the moment the monitor first sees it, then reported: that covers a host that
@@ -29,7 +35,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from harmonaize.desired_state import HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS_FOR_FAILURE, Heartbeat
+from harmonaize.desired_state import (
+    HEARTBEAT_INTERVAL_S,
+    MISSED_HEARTBEATS_FOR_FAILURE,
+    MISSED_HEARTBEATS_WHILE_PEERS_WAIT,
+    Heartbeat,
+)
 from harmonaize.subjects import ANY, provider_filter
 from provider_agents.clock import Clock, SystemClock
 from provider_agents.desired import DesiredState
@@ -59,6 +70,8 @@ class _HostLiveness:
     told: set[tuple[str, str]] = field(default_factory=set)
     reported_down: bool = False
     report_up: bool = False
+    waiting: tuple[str, ...] = ()
+    """The jobs its last heartbeat said wait on a peer."""
 
 
 class FleetMonitor:
@@ -83,6 +96,8 @@ class FleetMonitor:
         self._secret = secret
         self._clock: Clock = clock or SystemClock()
         self.silence_limit_s = heartbeat_interval_s * missed_heartbeats
+        self.corroborated_limit_s = min(self.silence_limit_s, heartbeat_interval_s * MISSED_HEARTBEATS_WHILE_PEERS_WAIT)
+        self._last_check: float | None = None
         self.check_interval_s = check_interval_s if check_interval_s is not None else heartbeat_interval_s / 4
         self._hosts: dict[str, _HostLiveness] = {}
         self._reporter = reporter
@@ -108,9 +123,10 @@ class FleetMonitor:
         now = self._clock.monotonic()
         state = self._hosts.get(beat.host)
         if state is None:
-            self._hosts[beat.host] = _HostLiveness(last_seen=now)
+            self._hosts[beat.host] = _HostLiveness(last_seen=now, waiting=beat.waiting)
             return
         state.last_seen = now
+        state.waiting = beat.waiting
         if state.down:
             log.info("host %s is back after outage %d", beat.host, state.outages)
             state.down = False
@@ -125,16 +141,30 @@ class FleetMonitor:
         if fleet is None:
             return ()
         now = self._clock.monotonic()
+        steady = self._last_check is not None and now - self._last_check < self.corroborated_limit_s
+        self._last_check = now
         for host in fleet:
             self._hosts.setdefault(host, _HostLiveness(last_seen=now))
+        waiting = self._waiting_jobs(now) if steady else set()
         published: list[TenantEvent] = []
         for host, state in list(self._hosts.items()):  # heartbeats may add hosts while we await the sink
-            if now - state.last_seen <= self.silence_limit_s:
+            silent = now - state.last_seen
+            if silent <= self.corroborated_limit_s:
+                continue
+            blocked = sorted(
+                f"{job.tenant}/{job.job}" for job in (fleet[host].jobs if host in fleet else ())
+                if f"{job.tenant}/{job.job}" in waiting
+            )
+            if silent <= self.silence_limit_s and not blocked:
                 continue
             if not state.down:
                 state.down = True
                 state.outages += 1
-                log.warning("host %s missed its heartbeats for %.1f s: down", host, now - state.last_seen)
+                if blocked:
+                    log.warning("host %s missed its heartbeats for %.1f s while %s wait on a peer elsewhere: down",
+                                host, silent, ", ".join(blocked))
+                else:
+                    log.warning("host %s missed its heartbeats for %.1f s: down", host, silent)
             await self._report_down(host, state)
             assignment = fleet.get(host)
             if assignment is None:
@@ -147,6 +177,15 @@ class FleetMonitor:
                 published.append(item)
         await self._report_recoveries()
         return tuple(published)
+
+    def _waiting_jobs(self, now: float) -> set[str]:
+        """Jobs that fresh heartbeats (of hosts not silent themselves) say wait on a peer."""
+        return {
+            job
+            for state in self._hosts.values()
+            if not state.down and now - state.last_seen <= self.corroborated_limit_s
+            for job in state.waiting
+        }
 
     async def _report_down(self, host: str, state: _HostLiveness) -> None:
         """Tell the control plane once per outage (retried on the next check if it could not be reached)."""

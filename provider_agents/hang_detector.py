@@ -7,9 +7,9 @@ one per worker) and times what it *sees change* on the launcher's own clock, so 
 and a launcher that was itself paused sees fresh beats, not a silence, when it resumes. Two rules:
 
 - **frozen**: a worker's beat counter has not moved for `max(5 s, 3 x step time)`. Its beat thread runs while the
-  worker waits on a peer, so only a process none of whose threads run is silent. 5 s is ten beats: a busy host delays
-  a thread by a beat or two, not ten. Three step times leave room for a step whose native call keeps the GIL (the
-  beat thread cannot run meanwhile). Judged in every phase: a stopped process is not checkpointing either.
+  worker waits on a peer, so only a process none of whose threads run is silent. 5 s is fifty beats: a busy host
+  delays a thread by a fraction of a second, not five. Three step times leave room for a step whose native call keeps
+  the GIL (the beat thread cannot run meanwhile). Judged in every phase: a stopped process is not checkpointing either.
 - **stopped**: a worker's process is stopped by a signal (the launcher reads its state in /proc) for `stopped_s`
   (0.3 s). A stopped process runs no thread at all, so this is the frozen case seen directly and at once, without
   waiting out a bound made for busy machines; 0.3 s lets a stop-and-continue of job control pass. The verdict is
@@ -24,6 +24,11 @@ the step-boundary agreement, a checkpoint, stopping). A live worker there may be
 waiter cannot be told from the culprit; the culprit's own host catches it (frozen, or stuck in its own code). A job
 whose processes all run but sit in a collective that never completes needs the job-wide view; the node failure
 report and event this detector feeds are the path such a job-level detector would use.
+
+Besides verdicts, the detector says how long the node's workers have been *waiting*: beating, their step and phase
+unmoved, for longer than `max(0.5 s, 5 x step time)`. That is no verdict on this node (its workers run; most likely a
+peer does not), but the agent says so in its heartbeat, and the fleet monitor, seeing a host of the same job silent
+at that moment, declares that host down at once instead of after the full heartbeat window.
 
 The step time is the median the workers report (the slowest worker's); before a second step none is known and the
 floors apply. Pure: no I/O, the clock injected, so tests script time.
@@ -50,12 +55,17 @@ class HangBounds:
     stopped_s: float = 0.3
     stalled_floor_s: float = 60.0
     stalled_steps: float = 20.0
+    peer_wait_floor_s: float = 0.5
+    peer_wait_steps: float = 5.0
 
     def frozen_after(self, step_time_s: float | None) -> float:
         return max(self.frozen_floor_s, self.frozen_steps * (step_time_s or 0.0))
 
     def stalled_after(self, step_time_s: float | None) -> float:
         return max(self.stalled_floor_s, self.stalled_steps * (step_time_s or 0.0))
+
+    def waiting_after(self, step_time_s: float | None) -> float:
+        return max(self.peer_wait_floor_s, self.peer_wait_steps * (step_time_s or 0.0))
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,14 @@ class HangDetector:
         self.bounds = bounds or HangBounds()
         self._clock = clock
         self._seen: dict[int, _Seen] = {}
+        self._step_time: float | None = None
+
+    def waiting(self) -> bool:
+        """Whether a worker beats (within the last second) but has not moved its step or phase for the peer-wait
+        bound: it is blocked, most likely on a peer. Judged on the last `observe`d records."""
+        now = self._clock()
+        bound = self.bounds.waiting_after(self._step_time)
+        return any(now - seen.beat_at < 1.0 and now - seen.mark_at > bound for seen in self._seen.values())
 
     def observe(self, records: Iterable[NodeLiveness], *, stopped: Collection[int] = ()) -> HangVerdict | None:
         """Take in one read of the node's records (live workers only) and which of their pids are stopped by a
@@ -106,7 +124,7 @@ class HangDetector:
         for gone in set(self._seen) - {record.local_rank for record in current}:
             del self._seen[gone]
         step_times = [record.step_time_s for record in current if record.step_time_s is not None]
-        step_time = max(step_times) if step_times else None
+        step_time = self._step_time = max(step_times) if step_times else None
         verdicts: list[HangVerdict] = []
         for record in current:
             mark = (record.step, record.transitions)

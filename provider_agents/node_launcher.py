@@ -128,14 +128,18 @@ class NodeSpec:
     endpoint: str
     in_place: bool = False
     """Its workers form the job's group on the provider's store and follow `membership.json` across epochs."""
+    standby: bool = False
+    """A warm joiner for an open offer: started, model built, no membership yet (see `AssignedJob.standby_until`)."""
 
     @property
     def marker_suffix(self) -> str:
         return f"{self.tenant}.{self.job}.e{self.epoch}"
 
     def moves_in_place(self, new: NodeSpec) -> bool:
-        """`new` can be reached without restarting this node: both in place, only the epoch and node count differ."""
-        return self.in_place and new.in_place and self == dataclasses.replace(new, epoch=self.epoch, nodes=self.nodes)
+        """`new` can be reached without restarting this node: both in place, only the epoch and node count differ
+        (and whether it still stands by: the accept of its offer makes a standby a member without a restart)."""
+        same = dataclasses.replace(new, epoch=self.epoch, nodes=self.nodes, standby=self.standby)
+        return self.in_place and new.in_place and self == same
 
 
 @dataclass
@@ -262,13 +266,15 @@ class NodeLauncher:
         """
         if assignment is None:
             return
-        wanted = _launchable(assignment)
+        wanted = _launchable(assignment, now=datetime.now(UTC))
         group = assignment.locality_group
         if wanted:
             self.prewarm()
         for key in [key for key in self._nodes if key not in wanted and key not in self._busy]:
             node = self._nodes.pop(key)
-            if node.spec.in_place and node.running():
+            if node.spec.standby:  # its offer closed without it: it holds no state of the job
+                self._spawn(key, self._leave(node, RestartMode.IMMEDIATE, "its offer closed without it"))
+            elif node.spec.in_place and node.running():
                 self._spawn(key, self._leave_in_place(node))
             else:
                 self._spawn(key, self._leave(node, RestartMode.GRACEFUL, "no longer placed here"))
@@ -289,10 +295,18 @@ class NodeLauncher:
                 entrypoint=tuple(job.entrypoint),
                 endpoint=endpoint,
                 in_place=self.config.in_place and job.parallel_plan is ParallelPlan.DDP,
+                standby=job.standby,
             )
+            if spec.standby and not spec.in_place:
+                continue  # only an in-place node can join a running job; a restart-path job starts at the accept
             existing = self._nodes.get(key)
             if existing is None:
                 self._spawn(key, self._start(spec, job, group))
+            elif spec.standby and existing.spec.standby and existing.spec.moves_in_place(spec) and existing.running():
+                existing.spec = spec  # still standing by (the job's epoch moved meanwhile): its membership waits
+                self._save_state(existing)
+            elif spec.standby and not existing.spec.standby:
+                log.warning("host %s: %s/%s runs here already; no standby node beside it", self.config.host, *key)
             elif (
                 existing.spec != spec
                 and existing.spec.moves_in_place(spec)
@@ -371,6 +385,10 @@ class NodeLauncher:
         if code == 0:  # the job finished (or stopped cleanly) in this epoch: nothing to restart
             node.advance(NodeEvent.EXIT_OK, self.config.host, f"node {node.marker} finished")
             return
+        if node.spec.standby:  # not part of the job yet: the accept starts a node afresh, nothing to report
+            log.warning("host %s: standby node %s exited with %s", self.config.host, node.marker, code)
+            node.advance(NodeEvent.GIVE_UP, self.config.host, f"standby, exit code {code}")
+            return
         if node.spec.in_place and node.state is NodeState.RUNNING:
             # it had joined: its peers go on without it, and a restart here would find its epoch formed already
             log.error("host %s: in-place node %s exited with %s; reporting it", self.config.host, node.marker, code)
@@ -413,11 +431,14 @@ class NodeLauncher:
             control_dir=control,
             ranges=job.ranges,
             store_endpoint=spec.endpoint if spec.in_place else None,
+            standby_until=job.standby_until,
         )
         spec_path = control / f"spec-e{spec.epoch}.json"
         write_model_atomically(spec_path, worker_spec)
         self._write_directives(job)
-        if spec.in_place:
+        if spec.standby:  # an earlier stint of the job here left one: the workers must wait for the accept's
+            (control / CONTROL_MEMBERSHIP_FILE).unlink(missing_ok=True)
+        elif spec.in_place:
             self._write_membership(spec, urgent=False)
         marker = self._marker(spec)
         env = {
@@ -604,9 +625,22 @@ class NodeLauncher:
                 continue
             log.error("host %s: node %s is hung: %s; killing it", self.config.host, node.marker, verdict.describe())
             node.advance(NodeEvent.HANG, self.config.host, verdict.reason.value)
-            node.failure = self._failure_report(node, verdict.reason, step=verdict.step, detail=verdict.describe())
+            if not node.spec.standby:  # a standby is not in the job: its peers wait for nothing of it
+                node.failure = self._failure_report(
+                    node, verdict.reason, step=verdict.step, detail=verdict.describe()
+                )
             self._spawn(key, self._stop(node, RestartMode.IMMEDIATE))
         return await self._send_failures()
+
+    def waiting_jobs(self) -> tuple[str, ...]:
+        """`<tenant>/<job>` of the running nodes whose workers wait on a peer (`HangDetector.waiting`), for the
+        heartbeat: a silent host of the same job is then declared down at once."""
+        return tuple(
+            f"{tenant}/{job}"
+            for (tenant, job), node in sorted(self._nodes.items())
+            if node.state is NodeState.RUNNING and not node.spec.standby and node.detector is not None
+            and node.detector.waiting()
+        )
 
     def _failure_report(
         self, node: _Node, reason: NodeFailureReason, *, step: int | None = None, detail: str = ""
@@ -634,7 +668,17 @@ class NodeLauncher:
         return sent
 
 
-def _launchable(assignment: HostAssignment) -> dict[tuple[str, str], AssignedJob]:
-    return {
+def _launchable(assignment: HostAssignment, *, now: datetime | None = None) -> dict[tuple[str, str], AssignedJob]:
+    """The jobs to run here: those placed, then warm joiners of jobs not placed here whose offer is still open
+    (`now`: judge their expiry; without it, placed jobs only)."""
+    placed = {
         (job.tenant, job.job): job for job in assignment.jobs if job.workers > 0 and job.entrypoint and job.nodes > 0
     }
+    if now is None:
+        return placed
+    standby = {
+        (job.tenant, job.job): job
+        for job in assignment.standby
+        if job.workers > 0 and job.entrypoint and job.standby_until is not None and job.standby_until > now
+    }
+    return {**standby, **placed}

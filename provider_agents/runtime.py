@@ -208,6 +208,9 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
     try:
         fleet.start()
         publisher.start()
+        if control is not None:
+            launcher = _launcher(settings, options, nc, secret, control)
+            tasks += _launcher_loops(launcher, fleet, options.host, stop)
         agent = Agent(
             AgentConfig(host=options.host, tick_s=options.tick_s, carbon_every=options.carbon_every),
             source=source,
@@ -215,10 +218,8 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
             sink=publisher,
             secret=secret,
             raw=CoreSink(nc),
+            waiting=launcher.waiting_jobs if launcher is not None else None,
         )
-        if control is not None:
-            launcher = _launcher(settings, options, nc, secret, control)
-            tasks += _launcher_loops(launcher, fleet, options.host, stop)
         await _accept_injections(nc, source, options.host)
 
         def on_signal() -> None:

@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from harmonaize.job_runtime import ENV_RUN_SPEC, JobRanges, WorkerSpec, read_model
@@ -71,6 +72,8 @@ class RunConfig:
     crash_save: tuple[int, str] | None = None
     store_endpoint: str | None = None
     """The job's provider-hosted store: set for an in-place node (`workloads.elastic`)."""
+    standby_until: datetime | None = None
+    """A warm joiner started during an open offer: it waits for its first membership until then (and a margin)."""
 
     @property
     def in_place(self) -> bool:
@@ -93,6 +96,7 @@ class RunConfig:
             dump_dir=_optional_path(env.get(ENV_DUMP_DIR)),
             crash_save=parse_crash_save(env.get(ENV_TEST_CRASH_SAVE)),
             store_endpoint=spec.store_endpoint,
+            standby_until=spec.standby_until,
         )
 
 

@@ -292,7 +292,7 @@ class TrainingRun:
             self._warn("HSDP not possible: %s", self.parallel.fallback_reason)
         if self._session is not None:
             self._build_model()  # before arriving: the running ranks must not wait for a joiner's model
-            self._formation = self._form(self._session.first_membership(), step=None)
+            self._formation = self._form(self._session.first_membership(self.config.standby_until), step=None)
             if self._formation.source_step is not None:
                 self._join_running()
                 return

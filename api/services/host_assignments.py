@@ -24,13 +24,15 @@ from typing import cast
 from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.models import Allocation, Host, Job
+from api.models import Allocation, Host, Job, Negotiation
+from api.models_standby import StandbyNode
 from api.services.job_lifecycle import advance, epoch_event
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
 from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
 from harmonaize.job_runtime import Directives, JobRanges
 from harmonaize.jobs import Compression
+from harmonaize.negotiation import NegotiationState
 from harmonaize.ranges import IntRange
 
 
@@ -108,9 +110,48 @@ async def compute_assignment(session: AsyncSession, host_id: str, *, generation:
                 directives=job_directives(job),
             )
         )
+    placed = {(job.tenant, job.job) for job in jobs}
+    standby = [job for job in await _standby_jobs(session, host_id, now=now) if (job.tenant, job.job) not in placed]
     return HostAssignment(
-        host=host_id, locality_group=group or "", generation=generation, jobs=tuple(jobs), updated_at=now
+        host=host_id, locality_group=group or "", generation=generation, jobs=tuple(jobs), standby=tuple(standby),
+        updated_at=now,
     )
+
+
+async def _standby_jobs(session: AsyncSession, host_id: str, *, now: datetime) -> list[AssignedJob]:
+    """Warm joiners on `host_id`: jobs an offered, unexpired negotiation would grow onto it (`api.services.standby`).
+
+    Each is the node the accept would start, guessed now: the job's next epoch, one node more.
+    """
+    rows = await session.execute(
+        select(Job, StandbyNode.workers, Negotiation.expires_at)
+        .join(Negotiation, Negotiation.id == StandbyNode.negotiation_id)
+        .join(Job, (Job.tenant_id == Negotiation.tenant_id) & (Job.id == Negotiation.job_id))
+        .where(
+            StandbyNode.host_id == host_id,
+            Negotiation.state == NegotiationState.OFFERED,
+            Negotiation.expires_at > now,
+        )
+        .order_by(Job.tenant_id, Job.id, Negotiation.expires_at.desc())
+    )
+    standby: dict[tuple[str, str], AssignedJob] = {}
+    for job, workers, expires_at in rows:
+        if (job.tenant_id, job.id) in standby or not job.entrypoint:
+            continue
+        standby[(job.tenant_id, job.id)] = AssignedJob(
+            tenant=job.tenant_id,
+            job=job.id,
+            workers=workers,
+            gpus=workers * job.gpus_per_worker,
+            parallel_plan=job.parallel_plan,
+            entrypoint=tuple(job.entrypoint),
+            epoch=job.placement_epoch + 1,
+            nodes=len(_placement_hosts(job.placement)) + 1,
+            ranges=job_ranges(job),
+            directives=job_directives(job),
+            standby_until=expires_at,
+        )
+    return list(standby.values())
 
 
 async def _renew_epochs(

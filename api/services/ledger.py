@@ -190,6 +190,18 @@ async def place_workers(
     )
 
 
+async def preview_placement(
+    session: AsyncSession, job: Job, count: int, *, exclude_hosts: Collection[str] = ()
+) -> dict[str, int] | None:
+    """Where `place_workers` would put `count` more workers now (workers per host), reserving nothing; None when
+    they do not fit. A guess: the ledger may change before anything is placed."""
+    plan: dict[str, int] = {}
+    for host_id, _group, free in await _host_preference(session, job, exclude_hosts):
+        if take := min(count - sum(plan.values()), free // job.gpus_per_worker):
+            plan[host_id] = take
+    return plan if sum(plan.values()) == count else None
+
+
 async def release_workers(session: AsyncSession, job: Job, count: int, *, now: datetime) -> set[str]:
     """Release the job's `count` most recent workers inside the caller's transaction; returns the hosts touched.
 

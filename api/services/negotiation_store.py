@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import rows_matched
 from api.models import Negotiation, NegotiationRound
+from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
 from api.services.outbox import enqueue_tenant_event
@@ -200,6 +201,8 @@ async def expire(session: AsyncSession, negotiation: Negotiation, *, now: dateti
         await change_state(session, negotiation, RoundAction.EXPIRE, now=now)
     except InvalidTransitionError:
         return False
+    # its warm joiners stop on their launchers' clocks at this same expiry: only the rows are left to drop
+    await session.execute(delete(StandbyNode).where(StandbyNode.negotiation_id == negotiation.id))
     expired_at = negotiation.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     await append_round(session, negotiation, RoundAction.EXPIRE, at=now, note=f"the offer expired at {expired_at}")
     announce(session, negotiation, now=now)

@@ -52,6 +52,7 @@ from api.services.negotiation_store import (
     offer_of,
     public,
 )
+from api.services.standby import stand_by, stand_down
 from api.services.worker_replacement import avoided_hosts, move_workers, resolve
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
@@ -158,7 +159,24 @@ async def _open(
     # A new negotiation's steps are 1 (the request) and 2 (the answer): no max(seq) reads, no re-read afterwards.
     request_step = await append_round(session, negotiation, RoundAction.REQUEST, at=ctx.now, terms=request.terms, seq=1)
     answer_step = await _record_answer(session, negotiation, state, note, ctx.now, seq=2)
+    await _warm_joiners(session, negotiation, job, ctx)
     return NegotiationRecord(negotiation=negotiation, rounds=[request_step, answer_step])
+
+
+async def _warm_joiners(
+    session: AsyncSession, negotiation: Negotiation, job: Job, ctx: NegotiationContext, *,
+    dropped: Collection[str] = (),
+) -> None:
+    """Start the joiners of the offer now made (if it grows the job) and stop those of the one it replaces
+    (`dropped`): their hosts' assignments are rewritten in this transaction (`api.services.standby`)."""
+    if negotiation.state is NegotiationState.OFFERED:
+        await lock_ledger(session)  # host assignments are written under the ledger lock, as the accept writes them
+        avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=ctx.now)
+        hosts = await stand_by(session, negotiation, job, now=ctx.now, secret=ctx.pseudonym_secret, avoid=avoided)
+    else:
+        hosts = set()
+    if hosts or dropped:
+        await write_host_assignments(session, hosts | set(dropped), now=ctx.now)
 
 
 async def open_negotiation(
@@ -216,6 +234,7 @@ async def counter(
 ) -> NegotiationRecord:
     """The tenant's new terms; the provider answers in a new round (offered again, or declined)."""
     try:
+        await lock_ledger(session)  # first: the answer may rewrite host assignments (warm joiners)
         negotiation = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.COUNTER, now=ctx.now
         )
@@ -230,6 +249,7 @@ async def counter(
         )
         await append_round(session, negotiation, RoundAction.COUNTER, at=ctx.now, terms=terms)
         await _record_answer(session, negotiation, state, note, ctx.now)
+        await _warm_joiners(session, negotiation, job, ctx, dropped=await stand_down(session, negotiation.id))
         return await _finish(session, negotiation)
     except BaseException:
         await session.rollback()
@@ -240,12 +260,16 @@ async def _close(
     session: AsyncSession, *, tenant_id: str, negotiation_id: str, action: RoundAction, note: str | None, now: datetime
 ) -> NegotiationRecord:
     try:
+        await lock_ledger(session)  # first: the warm joiners' hosts are rewritten
         negotiation = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=action, now=now
         )
         await change_state(session, negotiation, action, now=now)
         await append_round(session, negotiation, action, at=now, note=note)
         announce(session, negotiation, now=now)
+        standby_hosts = await stand_down(session, negotiation.id)
+        if standby_hosts:
+            await write_host_assignments(session, standby_hosts, now=now)
         return await _finish(session, negotiation)
     except BaseException:
         await session.rollback()
@@ -311,6 +335,8 @@ async def accept(
                 .execution_options(synchronize_session=False)
             )
             hosts |= await job_hosts(session, tenant_id=job.tenant_id, job_id=job.id)
+        # the warm joiners' hosts: the accept's own placement makes the ones it uses members, the rest stop
+        hosts |= await stand_down(session, negotiation.id)
         await write_host_assignments(session, hosts, now=now)
         await append_round(session, negotiation, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
         announce(session, negotiation, now=now)

@@ -96,6 +96,44 @@ async def test_hosts_that_keep_beating_are_never_reported() -> None:
     assert sink.items == [] and monitor.is_up("h1")
 
 
+async def test_a_silent_host_whose_jobs_peers_wait_is_down_at_once_and_a_restarting_agent_is_not() -> None:
+    """h1 silent for 0.6 s: down at once if acme/train's workers on h2 wait on a peer (h1 froze with its nodes); an
+    agent restart on h1 (silent, its nodes running, no one waiting) gets the full window."""
+    fleet = {"h1": assignment("h1", "g1", ("acme", "train")), "h2": assignment("h2", "g1", ("acme", "train"))}
+    monitor, sink, clock = _monitor(StaticDesiredState(fleet))
+    assert monitor.corroborated_limit_s < 0.6 < monitor.silence_limit_s
+
+    async def beat_h2_until(seconds: float, waiting: tuple[str, ...]) -> None:
+        for _ in range(round(seconds / HEARTBEAT_INTERVAL_S)):
+            clock.advance(HEARTBEAT_INTERVAL_S / 2)
+            await monitor.check()
+            monitor.observe_heartbeat(Heartbeat(host="h2", seq=0, at=START, waiting=waiting))
+            clock.advance(HEARTBEAT_INTERVAL_S / 2)
+            await monitor.check()
+
+    monitor.observe_heartbeat(_beat("h1"))
+    monitor.observe_heartbeat(_beat("h2"))
+    await beat_h2_until(1.0, waiting=())
+    assert monitor.is_up("h1") and sink.items == [], "silent 1 s, nobody waits: an agent restart, not an outage"
+
+    monitor.observe_heartbeat(_beat("h1", 1))
+    await beat_h2_until(0.5, waiting=())
+    await beat_h2_until(0.25, waiting=("acme/train",))
+    assert monitor.is_down("h1") and not monitor.is_down("h2")
+    assert [(e.subject.split(".")[2], e.event.data.kind) for e in sink.items] == [("acme", FailureKind.HOST_DOWN)]
+
+
+async def test_the_monitor_does_not_take_its_own_stall_for_a_waiting_jobs_silent_host() -> None:
+    fleet = {"h1": assignment("h1", "g1", ("acme", "train")), "h2": assignment("h2", "g1", ("acme", "train"))}
+    monitor, sink, clock = _monitor(StaticDesiredState(fleet))
+    monitor.observe_heartbeat(_beat("h1"))
+    monitor.observe_heartbeat(Heartbeat(host="h2", seq=0, at=START, waiting=("acme/train",)))
+    await monitor.check()
+    clock.advance(1.0)  # the monitor itself was not scheduled for a second: h1's heartbeats wait in its socket
+    monitor.observe_heartbeat(Heartbeat(host="h2", seq=1, at=START, waiting=("acme/train",)))
+    assert await monitor.check() == () and monitor.is_up("h1")
+
+
 @pytest.fixture
 def agent_process_env(nats_server: NatsServer, provider_secret: bytes) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HZ_")}

@@ -153,3 +153,23 @@ def test_a_worker_seen_stopped_is_frozen_after_the_short_bound_and_a_continue_re
     verdict = detector.observe([record(beats=next(beating))], stopped={4242})
     assert verdict is not None and (verdict.reason, verdict.stopped) == (NodeFailureReason.FROZEN, True)
     assert "stopped for 0.5 s (bound 0.3 s)" in verdict.describe(), "although its beat counter kept moving"
+
+
+def test_a_beating_worker_whose_step_stands_still_is_waiting_after_the_peer_wait_bound_but_not_hung() -> None:
+    """Waiting is no verdict (the fleet monitor weighs it against a silent host of the job), only a short signal:
+    max(0.5 s, 5 step times) without a step while the worker still beats; a step or a silence ends it."""
+    clock = Clock()
+    detector = HangDetector(clock=clock)
+    assert HangBounds().waiting_after(None) == 0.5 and HangBounds().waiting_after(0.2) == 1.0
+    stepping = [detector.observe([record(beats=i, step=i, step_time_s=0.05, phase=NodePhase.STEP)]) for i in range(5)]
+    assert stepping == [None] * 5 and not detector.waiting()
+    blocked = run(detector, clock, 0.4, lambda i: [record(beats=10 + i, step=4, step_time_s=0.05,
+                                                          phase=NodePhase.STEP)], every=0.1)
+    assert blocked == [] and not detector.waiting(), "0.4 s without a step: within the bound"
+    clock.now += 0.2
+    detector.observe([record(beats=20, step=4, step_time_s=0.05, phase=NodePhase.STEP)])
+    assert detector.waiting()
+    detector.observe([record(beats=21, step=5, step_time_s=0.05, phase=NodePhase.STEP)])
+    assert not detector.waiting(), "a step ends the wait"
+    clock.now += 2.0  # no read for 2 s: no fresh beat, so not waiting (a silent worker is the frozen rule's)
+    assert not detector.waiting()

@@ -89,11 +89,15 @@ async def test_epochs_move_with_the_node_set_and_plan_but_not_with_directives(
     count = len(await desired(app))
     clock.advance(seconds=10)  # the new worker is the job's most recent one (released first when it shrinks)
     await accept_scale(client, acme, "train", 5, key="up")
-    grown = (await desired(app))[count:]
+    warm, *grown = (await desired(app))[count:]
+    (standby,) = warm.standby
+    assert (warm.host, placed(warm, "acme", "train")) == ("h3", None), "the offer warms the joiner's host first"
+    assert (standby.job, standby.workers, standby.epoch, standby.nodes, standby.standby) == ("train", 1, 2, 3, True)
     assert [shape(a) for a in grown] == [
         ("h1", 2, 2, 3, "graceful", "ddp"), ("h2", 2, 2, 3, "graceful", "ddp"), ("h3", 1, 2, 3, "graceful", "ddp"),
     ], "the old hosts are rewritten with the new epoch and node count"
-    assert [a.generation for a in grown] == [2, 2, 2]
+    assert [a.generation for a in [warm, *grown]] == [2, 2, 2, 3]
+    assert grown[2].standby == (), "the accept made the joiner a member: no standby left on its host"
     assert shape(grown[2], "globex", "solo") == ("h3", 1, 1, 1, "graceful", "ddp"), "globex's node set is unchanged"
     assert await job_epoch(client, acme, "train") == (5, 2)
     assert await job_epoch(client, globex, "solo") == (1, 1)
@@ -212,7 +216,8 @@ async def test_a_down_host_takes_no_placements_until_it_is_reported_up(
     assert len(await desired(app)) == count, "nothing returns to the host by itself"
 
     await accept_scale(client, acme, "train", 4, key="back")
-    back = (await desired(app))[count:]
+    warm, *back = (await desired(app))[count:]
+    assert (warm.host, [entry.job for entry in warm.standby]) == ("h2", ["train"]), "the offer warms h2 again"
     assert [shape(a) for a in back] == [("h1", 2, 3, 2, "graceful", "ddp"), ("h2", 2, 3, 2, "graceful", "ddp")]
     assert await ledger_totals(app) == (4, 4, 4)
 

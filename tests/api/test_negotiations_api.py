@@ -193,7 +193,6 @@ async def test_acceptance_is_atomic_when_capacity_is_gone_and_rejects_bad_option
     assert (await act(client, demo, one["id"], RoundAction.ACCEPT, {"option": 5})).status_code == 422
     assert (await act(client, demo, one["id"], RoundAction.ACCEPT, {"option": -1})).status_code == 422
     assert (await act(client, demo, one["id"], RoundAction.ACCEPT)).status_code == 200
-    before = await outbox(app, OutboxTopic.DESIRED_STATE)
 
     gone = await act(client, demo, other["id"], RoundAction.ACCEPT)
     assert gone.status_code == 200, "absolute target: the job already has 3 workers, nothing to add"
@@ -207,6 +206,7 @@ async def test_acceptance_is_atomic_when_capacity_is_gone_and_rejects_bad_option
     taken = await client.post("/v1/allocations", json={"tenant_id": "acme", "job_id": squatter["id"], "gpus": 1},
                               headers=ADMIN)
     assert taken.status_code == 201
+    writes = len(await outbox(app, OutboxTopic.DESIRED_STATE))
     refused = await act(client, demo, fourth["id"], RoundAction.ACCEPT)
     assert refused.status_code == 409
     assert "capacity for this option is gone" in refused.json()["reason"] and "counter" in refused.json()["reason"]
@@ -216,7 +216,11 @@ async def test_acceptance_is_atomic_when_capacity_is_gone_and_rejects_bad_option
     assert await ledger_totals(app) == (4, 4, 4)
     countered = await act(client, demo, fourth["id"], RoundAction.COUNTER, {"desired_workers": 4})
     assert countered.json()["state"] == "declined", "the tenant can still counter"
-    assert len(await outbox(app, OutboxTopic.DESIRED_STATE)) == len(before) + 1, "only the squatter's placement"
+    after = [HostAssignment.model_validate_json(row.payload) for row in await outbox(app, OutboxTopic.DESIRED_STATE)]
+    assert len(after) == writes + 1, "the refused accept wrote no desired state, the declined counter one"
+    assert (after[-1].host, [job.job for job in after[-1].jobs], after[-1].standby) == ("h2", [squatter["id"]], ()), (
+        "the offer's warm joiner on h2 is stopped when the counter is declined; only the squatter stays there"
+    )
 
 
 async def test_scale_down_repartition_and_a_later_start(

@@ -161,15 +161,25 @@ class ElasticCloud:
         return dict(await wait_for(probe, timeout=90, what=f"{job} running at world size {world}", interval=0.2))
 
     async def negotiate(self, job: str, body: dict[str, Any], *, option: int = 0) -> dict[str, Any]:
+        return await self.accept(await self.open_offer(job, body), option=option)
+
+    async def open_offer(self, job: str, body: dict[str, Any]) -> dict[str, Any]:
         opened = await self.tenant.post(
             "/v1/negotiations", json={"job": job, **body}, headers={"Idempotency-Key": os.urandom(8).hex()}
         )
         assert opened.status_code == 201, opened.text
         negotiation = opened.json()
         assert negotiation["state"] == "offered", negotiation
+        return dict(negotiation)
+
+    async def accept(self, negotiation: dict[str, Any], *, option: int = 0) -> dict[str, Any]:
         accepted = await self.tenant.post(f"/v1/negotiations/{negotiation['id']}/accept", json={"option": option})
         assert accepted.status_code == 200, accepted.text
         return dict(accepted.json())
+
+    def hosts_running(self, job: str) -> list[str]:
+        """Hosts whose launcher keeps a node record of `job` (placed or standing by), sorted."""
+        return sorted(p.parts[-4] for p in self.data_dir.glob(f"hosts/*/jobs/acme.{job}/node.json"))
 
     def stop_processes(self) -> None:
         """Kill the training nodes first (a graceful stop would checkpoint, which a test's teardown does not need,

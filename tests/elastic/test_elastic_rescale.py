@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harmonaize.event_loop import resolve_event_loop
-from tests.elastic.harness import ElasticCloud, mlp_job, worker_pids
+from tests.elastic.harness import ElasticCloud, mlp_job, wait_for, worker_pids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -16,14 +16,22 @@ async def test_negotiated_scale_up_and_down_keep_the_running_workers(cloud: Elas
     await cloud.create_job("train", initial_workers=2, **mlp_job())
     first = await cloud.running_at("train", world=2, steps_after=10)
     assert first["resumed_from_step"] is None
-    original = sorted(p.parts[-4] for p in cloud.data_dir.glob("hosts/*/jobs/acme.train/node.json"))
+    original = cloud.hosts_running("train")
     pids = await worker_pids(cloud, "train", original)
 
-    await cloud.negotiate("train", {"kind": "scale", "terms": {"desired_workers": 3}})
+    offer = await cloud.open_offer("train", {"kind": "scale", "terms": {"desired_workers": 3}})
+    await wait_for(lambda: len(cloud.hosts_running("train")) == 3 or None, timeout=30,
+                   what="the offer's warm joiner started on a third host")
+    (joiner,) = set(cloud.hosts_running("train")) - set(original)
+    standby_pid = (await worker_pids(cloud, "train", [joiner]))[joiner]  # it beats while it waits for the accept
+    assert (await cloud.progress("train") or {}).get("world_size") == 2, "a standby does not join before the accept"
+
+    await cloud.accept(offer)
     bigger = await cloud.running_at("train", world=3, epoch_at_least=first["epoch"] + 1, steps_after=5)
     assert bigger["resumed_from_step"] is None, "in place: the joiner took the state from a live peer, not a checkpoint"
     assert bigger["step"] > first["step"]
     assert await worker_pids(cloud, "train", original) == pids, "the running workers were not restarted"
+    assert (await worker_pids(cloud, "train", [joiner]))[joiner] == standby_pid, "the warm joiner joined, not a new one"
 
     await cloud.negotiate("train", {"kind": "scale", "terms": {"desired_workers": 2}})
     smaller = await cloud.running_at("train", world=2, epoch_at_least=bigger["epoch"] + 1, steps_after=5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from harmonaize.job_runtime import CONTROL_MEMBERSHIP_FILE, ENV_NODE_MARKER, Membership
@@ -67,11 +68,17 @@ class InPlaceSession:
                      membership.epoch, membership.reason or "a peer failed")
         self.group.abort(below=membership.epoch)
 
-    def first_membership(self) -> Membership:
-        membership = self.watch.wait_newer(-1, FIRST_MEMBERSHIP_TIMEOUT_S)
+    def first_membership(self, standby_until: datetime | None = None) -> Membership:
+        """The launcher's first word. A warm joiner (`standby_until`: the open offer's expiry) waits that long too:
+        its model is built, and the accept is what writes its membership."""
+        timeout_s = FIRST_MEMBERSHIP_TIMEOUT_S
+        if standby_until is not None:
+            _log.info("standing by for an open offer until %s: model built, waiting for the accept",
+                      standby_until.isoformat(timespec="seconds"))
+            timeout_s += max(0.0, (standby_until - datetime.now(UTC)).total_seconds())
+        membership = self.watch.wait_newer(-1, timeout_s)
         if membership is None:
-            raise RuntimeError(f"no membership from the launcher in {FIRST_MEMBERSHIP_TIMEOUT_S:.0f} s "
-                               f"({self.watch.path})")
+            raise RuntimeError(f"no membership from the launcher in {timeout_s:.0f} s ({self.watch.path})")
         return membership
 
     def next_membership(self) -> Membership:
