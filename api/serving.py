@@ -60,6 +60,11 @@ def provider_api(
     return ProviderApi(app=create_app(settings, broker=broker, bus=bus, negotiation=negotiation), bus=bus)
 
 
+GRACEFUL_SHUTDOWN_S = 10.0
+"""How long a stop waits for requests in flight before cancelling them (uvicorn's default waits for ever, so one
+request stuck on a peer that is gone would hold the stop, and the outbox relay with it)."""
+
+
 @dataclass
 class ServingApi:
     """An ASGI app served by uvicorn in a task of the current loop, on the port it actually bound."""
@@ -75,7 +80,12 @@ class ServingApi:
 
 async def serve_api(app: FastAPI, *, host: str, port: int, log_level: str = "warning") -> ServingApi:
     """Start serving `app` (port 0: any free port) and return once it accepts connections."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
     task = asyncio.create_task(server.serve(), name="hz-api")
     while not server.started:
         if task.done():

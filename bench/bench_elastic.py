@@ -398,6 +398,8 @@ class Provider:
         self.serving = None
         self.admin: httpx.AsyncClient | None = None
         self.tenant: httpx.AsyncClient | None = None
+        self.offered_at: float | None = None
+        self.warmed_at: float | None = None
         try:
             broker = NatsTenantBroker(servers=[self.nats.url], provider_secret=self.secret,
                                       accounts_file=self.nats.accounts_file, reload=self.nats.reload)
@@ -527,7 +529,8 @@ class Provider:
         """Request a scale to `workers` and accept the first option; returns when the accept response arrived.
 
         `warm_timeout` > 0: accept only once the offer's warm joiner stands by (its node log says so), as a tenant
-        that takes a moment to decide would; when it did is `self.warmed_at` (None: not in time).
+        that takes a moment to decide would; when it did is `self.warmed_at` (None: not in time), when the
+        negotiation was opened `self.offered_at`.
         """
         assert self.tenant is not None
         opened_at = time.time()
@@ -536,7 +539,7 @@ class Provider:
         if opened.status_code != 201 or opened.json().get("state") != "offered":
             raise RuntimeError(
                 f"negotiation to {workers} workers not offered: {opened.status_code} {opened.text[:300]}")
-        self.warmed_at: float | None = None
+        self.offered_at, self.warmed_at = opened_at, None
         deadline = time.monotonic() + warm_timeout
         while time.monotonic() < deadline:
             if self.standing_by(after=opened_at):
@@ -700,6 +703,7 @@ async def run_ours(
             out[key] = t = await transition(f"agreement {world_before} -> {workers}", workers, accepted,
                                             ApiProbe(p, workers, epoch), args.timeout)
             if workers > world_before:
+                t.stages["negotiation opened (before the accept)"] = since(accepted, p.offered_at)
                 t.stages["joiner standing by (before the accept)"] = since(accepted, p.warmed_at)
                 if p.warmed_at is None:
                     t.note = f"the warm joiner was not standing by within {args.warm_timeout:.0f} s: accepted cold"

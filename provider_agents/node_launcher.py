@@ -22,6 +22,11 @@ which forwards it; the job's runtime agrees on a step, checkpoints and exits 0; 
 killed. `immediate` (a peer host died) kills every process of the node at once: the survivors could not finish a
 collective checkpoint with a dead peer, and would hang in a collective if it was frozen rather than dead.
 
+A *standby* (`HostAssignment.standby`: an open offer would grow a job onto this host) is started like an in-place node
+but without a membership: its workers build the model and wait. If the accept places the job here, the node is
+announced its epoch like any in-place node that stays; otherwise it is killed when the offer closes, or at the
+offer's expiry by the launcher's own clock. A standby is never reported as a node failure: it is not in the job yet.
+
 Directives reach the job as a file (`directives.json` in the node's control directory), rewritten atomically when
 the assignment's directives version changes; the job applies them at a step boundary, without a restart. Progress
 goes the other way: the job's global rank 0 writes `progress.json`, and the launcher of the host it runs on relays

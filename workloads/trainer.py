@@ -49,7 +49,7 @@ from harmonaize.job_runtime import (
 )
 from harmonaize.jobs import Compression, ParallelPlan
 from workloads.checkpoint import CheckpointIO, checkpoint_name
-from workloads.compression import CompressionSetting, wrap_ddp
+from workloads.compression import POWERSGD_START_ITER, CompressionSetting, wrap_ddp
 from workloads.data import MicroBatch, seeded_generator
 from workloads.directives import (
     DirectiveReader,
@@ -62,6 +62,7 @@ from workloads.directives import (
 )
 from workloads.dump import dump_mesh, dump_model, dump_replica
 from workloads.elastic.group import Formation, MembershipChanged, PeerLost, RendezvousFailed
+from workloads.elastic.powersgd import PowerSGD
 from workloads.elastic.replica import average_gradients, transfer_state
 from workloads.elastic.session import BOUNDARY_SLOTS, InPlaceSession
 from workloads.liveness import LivenessBeacon
@@ -153,6 +154,8 @@ class TrainingRun:
         """The ranks agreed to stop on a request (a new epoch): the run is not over, whatever ends the script."""
         self._session: InPlaceSession | None = None
         """In place (`workloads.elastic`): this worker forms the job's group itself and survives epoch changes."""
+        self._powersgd: PowerSGD | None = None
+        """In place under PowerSGD: its warm-started factors and error feedback (`workloads.elastic.powersgd`)."""
         self._formation: Formation | None = None
         self._epoch = self.config.epoch
         self._left = False
@@ -455,9 +458,9 @@ class TrainingRun:
                 loss = loss_fn(self._model, batch)
                 (loss / settings.gradient_accumulation).backward()  # type: ignore[no-untyped-call]  # unannotated in torch
             total += float(loss.detach())
-        if self._session is not None and self._model is self._module:
+        if self._session is not None:
             try:
-                average_gradients(self._session.group, self._module.parameters(), settings.compression)
+                self._average_in_place(settings)
             except BaseException:
                 self._optimizer.zero_grad(set_to_none=True)
                 raise
@@ -565,8 +568,7 @@ class TrainingRun:
         self.settings = settings
         if compression_changed and self.plan is ParallelPlan.DDP and hasattr(self, "_module"):
             old = self._model
-            in_place_native = self._session is not None and settings.compression is not Compression.POWERSGD
-            self._model = self._module if in_place_native else self._wrap_ddp()
+            self._model = self._module if self._session is not None else self._wrap_ddp()
             del old
 
     def _runnable(self, settings: Settings) -> Settings:
@@ -757,11 +759,20 @@ class TrainingRun:
         self._change(membership, why=membership.reason or "failure", urgent=True)
 
     def _bind_model(self) -> None:
-        """In place, PowerSGD runs inside a DDP, which is bound to one group: wrap anew (collective, every rank)."""
-        if self.settings.compression is Compression.POWERSGD:
-            self._model = self._wrap_ddp()
-        else:
-            self._model = self._module
+        """In place, the plain module: gradients are averaged (and compressed) by `workloads.elastic`."""
+        self._model = self._module
+
+    def _average_in_place(self, settings: Settings) -> None:
+        """Average the gradients over the in-place group, abortably (fp16, PowerSGD or none)."""
+        assert self._session is not None
+        params = [p for p in self._module.parameters() if p.requires_grad]
+        if settings.compression is not Compression.POWERSGD:
+            average_gradients(self._session.group, params, settings.compression)
+            return
+        rank = settings.powersgd_rank or 1
+        if self._powersgd is None or self._powersgd.rank != rank:
+            self._powersgd = PowerSGD(rank, start_iter=POWERSGD_START_ITER, seed=self.seed)
+        self._powersgd.average(self._session.group, params)
 
     def _leave_job(self, membership: Membership) -> None:
         """This node is not in `membership`: stop here without a collective; the others go on."""

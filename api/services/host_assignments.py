@@ -9,6 +9,9 @@ Capacity reserved for a later, agreed start (`allocations.starts_at`) counts aga
 assignment only from its start: `announce_due_reservations` (run by the background sweeper) rewrites the hosts whose
 reservations have started since their last assignment.
 
+An assignment also lists, apart from its jobs, the *standby* nodes of open offers that would grow a job onto the host
+(`api.services.standby`): the launcher starts them early, nothing else treats the job as placed there.
+
 Each job also carries a placement *epoch*: node launchers start one torchrun rendezvous per epoch, sized exactly to
 the job's node count, so whenever the job's node set, worker counts or plan change, the epoch moves on and every
 host of the job (old and new) is rewritten. Directives (the micro loop's settings) travel in the same assignment

@@ -286,7 +286,9 @@ async def elastic_cloud(
                     print(cloud.logs())
                     raise
                 finally:
-                    cloud.stop_processes()
+                    # in a thread: the API in this loop keeps answering the agents while they stop (an agent
+                    # reports the node the stop killed before it exits)
+                    await asyncio.to_thread(cloud.stop_processes)
     finally:
         await serving.stop()
         await bus.close()

@@ -21,8 +21,10 @@ import torch
 import torch.distributed as dist
 
 from harmonaize.job_runtime import (
+    CONTROL_DIRECTIVES_FILE,
     CONTROL_MEMBERSHIP_FILE,
     CONTROL_PROGRESS_FILE,
+    Directives,
     EpochChange,
     JobProgress,
     Membership,
@@ -32,6 +34,7 @@ from harmonaize.job_runtime import (
     read_model,
     write_model_atomically,
 )
+from harmonaize.jobs import Compression
 from tests.workloads.harness import WIDE_RANGES, Cluster, Node, wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -220,3 +223,38 @@ def test_with_no_survivor_the_job_resumes_from_its_checkpoint(in_place: InPlaceJ
     assert resumed.resumed_from_step == saved and resumed.change == EpochChange.CHECKPOINT
     assert resumed.epoch_step == saved
     assert resumed.pause_s is not None and resumed.pause_s > 0, "from the checkpoint's save to the restart"
+
+
+def test_a_frozen_peer_cannot_hold_a_powersgd_step(in_place: InPlaceJob) -> None:
+    """PowerSGD (rank 2, the provider's directive) runs through the group's abortable all-reduces, not DDP's hook:
+    a peer frozen mid-step releases the survivors as soon as the urgent membership comes, and their replicas still
+    agree bitwise (the compressed mean is computed alike on every rank)."""
+    job = in_place
+    for name in ("h1", "h2", "h3"):
+        job.start(name)
+    first = job.announce(["h1", "h2", "h3"])
+    job.running(world=3, epoch=first, steps_after=5)
+    directive = Directives(version=1, compression=Compression.POWERSGD, powersgd_rank=2, reason="congestion")
+    for host in job.hosts.values():
+        write_model_atomically(host.control / CONTROL_DIRECTIVES_FILE, directive)
+
+    def compressed() -> JobProgress | None:
+        p = job.progress()
+        return p if p is not None and p.compression is Compression.POWERSGD and p.powersgd_rank == 2 else None
+
+    applied = wait_for(compressed, timeout=60, what="PowerSGD applied")
+    before = job.running(world=3, epoch=first, steps_after=5)
+    assert before.step > applied.step
+    pids = {name: job.worker_pid(name) for name in ("h1", "h2")}
+    victim = job.worker_pid("h3")
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        after_epoch = job.announce(["h1", "h2"], urgent=True, reason="h3 frozen")
+        after = job.running(world=2, epoch=after_epoch, steps_after=5, timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    assert after.compression is Compression.POWERSGD and after.resumed_from_step is None
+    assert {name: job.worker_pid(name) for name in ("h1", "h2")} == pids
+    _assert_replicas_agree(job.replicas(after_epoch, 2), exact=True)
+    assert after.loss is not None and before.loss is not None and after.loss < before.loss * 1.5
