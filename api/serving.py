@@ -60,7 +60,7 @@ def provider_api(
     return ProviderApi(app=create_app(settings, broker=broker, bus=bus, negotiation=negotiation), bus=bus)
 
 
-GRACEFUL_SHUTDOWN_S = 10.0
+GRACEFUL_SHUTDOWN_S = 10
 """How long a stop waits for requests in flight before cancelling them (uvicorn's default waits for ever, so one
 request stuck on a peer that is gone would hold the stop, and the outbox relay with it)."""
 

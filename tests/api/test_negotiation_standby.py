@@ -16,7 +16,7 @@ from api.models_standby import StandbyNode
 from api.services.sweeper import sweep_once
 from harmonaize.desired_state import HostAssignment
 from harmonaize.negotiation import RoundAction
-from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
+from tests.api.api_testkit import FakeClock, TenantHandle, create_host, create_job
 from tests.api.negotiation_kit import act, negotiate, outbox
 
 ENTRYPOINT = ["-m", "workloads.examples.mlp"]
