@@ -1,0 +1,72 @@
+"""The testbed's shaped links: a token bucket (`tbf`) on each end of a group's uplink, and what its counters say.
+
+`tbf` shapes bandwidth on these kernels (`netem`, delay injection, is not available, and not needed: the question is
+whether a job's traffic fits through the link). The bucket holds a few milliseconds at the rate, so a burst passes at
+line speed only that long; the queue holds 20 ms of traffic before the kernel drops, so a saturated link shows both
+a backlog and drops, which is what the agent reads (`counters`) to tell a congested link from a busy one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from provider_agents.testbed.commands import run
+
+__all__ = ["LinkCounters", "counters", "set_rate", "shape"]
+
+MTU_BYTES = 1514
+QUEUE_S = 0.02
+BURST_S = 0.004
+
+
+def _tc(namespace: str, *args: str) -> str:
+    return run(["tc", "-n", namespace, *args])
+
+
+def _tbf(mbit: float) -> list[str]:
+    if not 0 < mbit <= 10_000:
+        raise ValueError(f"a link rate must be in (0, 10000] Mbit/s, got {mbit}")
+    bytes_per_s = mbit * 1e6 / 8
+    burst = max(4 * MTU_BYTES, int(bytes_per_s * BURST_S))
+    limit = max(2 * burst, int(bytes_per_s * QUEUE_S))
+    return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "limit", str(limit)]
+
+
+def shape(namespace: str, interface: str, mbit: float) -> None:
+    """Shape what `interface` (in `namespace`) sends to `mbit` Mbit/s."""
+    _tc(namespace, "qdisc", "replace", "dev", interface, "root", *_tbf(mbit))
+
+
+def set_rate(namespace: str, interface: str, mbit: float) -> None:
+    """Change a shaped link's rate in place (a scenario lowering a link, then restoring it)."""
+    shape(namespace, interface, mbit)
+
+
+@dataclass(frozen=True)
+class LinkCounters:
+    """One end of a link as its qdisc counts it, since it was made: sent, dropped, queued now, and its rate."""
+
+    bytes_sent: int
+    packets_sent: int
+    drops: int
+    overlimits: int
+    backlog_bytes: int
+    rate_bps: float
+
+
+def counters(namespace: str, interface: str) -> LinkCounters:
+    """The root qdisc's counters of `interface` in `namespace` (`tc -s -j qdisc show`)."""
+    entries = json.loads(_tc(namespace, "-s", "-j", "qdisc", "show", "dev", interface) or "[]")
+    root = next((entry for entry in entries if entry.get("root")), None)
+    if root is None:
+        raise ValueError(f"{interface} in {namespace} has no root qdisc")
+    rate = float(root.get("options", {}).get("rate", 0) or 0)
+    return LinkCounters(
+        bytes_sent=int(root.get("bytes", 0)),
+        packets_sent=int(root.get("packets", 0)),
+        drops=int(root.get("drops", 0)),
+        overlimits=int(root.get("overlimits", 0)),
+        backlog_bytes=int(root.get("backlog", 0)),
+        rate_bps=rate * 8 if rate else 0.0,
+    )
