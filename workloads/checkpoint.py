@@ -12,6 +12,9 @@ Why this shape: a directory only gets its final name by one `rename` after a bar
 either the old latest checkpoint or the new one, never a half-written one under a loadable name. The model and
 optimizer go through `get_state_dict`/`set_state_dict`, so the keys are the module's own FQNs whatever the wrapper
 (DDP's `module.` prefix and FSDP's DTensors disappear) and DCP reshards them to any world size and plan on load.
+
+A replicated state (DDP in place, where every rank holds all of it) is written by rank 0 alone, with DCP's `no_dist`
+and no barrier: the same directory, loadable and reshardable like the others, and a save no frozen peer can hold.
 """
 
 from __future__ import annotations
@@ -163,11 +166,15 @@ class CheckpointIO:
         world_size: int,
         keep: int = 3,
         crash_hook: Callable[[int, str], None] | None = None,
+        replicated: bool = False,
     ) -> None:
         self.root = root
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
+        self.replicated = replicated
+        """Every rank holds the same state (DDP in place): rank 0 alone writes it, with no collective at all, so a
+        frozen peer cannot hold a save (DCP's own collectives cannot be abandoned) and the others go on meanwhile."""
         self._crash_hook = crash_hook or (lambda step, point: None)
 
     def save(self, step: int, app_state: dict[str, Any], trainer_state: dict[str, Any]) -> Path:
@@ -182,6 +189,10 @@ class CheckpointIO:
 
         final = self.root / checkpoint_name(step)
         partial = final.with_name(final.name + PARTIAL_SUFFIX)
+        if self.replicated:
+            if self.rank == 0:
+                self._save_alone(step, app_state, trainer_state, partial=partial, final=final)
+            return final
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(partial, ignore_errors=True)
@@ -197,6 +208,23 @@ class CheckpointIO:
             for path in prune(self.root, keep=self.keep):
                 _log.info("pruned old checkpoint %s", path.name)
         return final
+
+    def _save_alone(
+        self, step: int, app_state: dict[str, Any], trainer_state: dict[str, Any], *, partial: Path, final: Path
+    ) -> None:
+        """Rank 0's save of a replicated state: the same partial -> final protocol, DCP without a process group
+        (`no_dist`), so the checkpoint loads and reshards like any other."""
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        self._crash_hook(step, "before-write")
+        dcp_save(app_state, checkpoint_id=partial, no_dist=True)
+        write_trainer_state(partial, trainer_state)
+        self._crash_hook(step, "before-commit")
+        commit(partial, final)
+        for path in prune(self.root, keep=self.keep):
+            _log.info("pruned old checkpoint %s", path.name)
 
     def find_latest(self) -> tuple[CheckpointInfo | None, dict[str, Any] | None]:
         """Rank 0 picks the latest complete checkpoint and reads its trainer state; every rank gets the same answer.

@@ -366,6 +366,7 @@ class TrainingRun:
             world_size=self.world_size,
             keep=self._keep,
             crash_hook=self._crash_hook,
+            replicated=self._session is not None,  # in place the plan is DDP: every rank holds the whole state
         )
 
     def _rank_helpers(self, outcomes: Iterable[DirectiveOutcome]) -> None:

@@ -27,6 +27,7 @@ from harmonaize.job_runtime import (
     Directives,
     EpochChange,
     JobProgress,
+    JobRanges,
     Membership,
     NodeLiveness,
     WorkerSpec,
@@ -63,14 +64,14 @@ class InPlaceJob:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.store.port}"
 
-    def start(self, name: str, *, args: tuple[str, ...] = MLP_ARGS) -> Host:
+    def start(self, name: str, *, args: tuple[str, ...] = MLP_ARGS, ranges: JobRanges = WIDE_RANGES) -> Host:
         control = self.root / "hosts" / name
         spec_path = control / f"spec-e{self.epoch}.json"
         write_model_atomically(
             spec_path,
             WorkerSpec(
                 tenant="acme", job="train-1", epoch=self.epoch, checkpoint_dir=self.root / "checkpoints",
-                control_dir=control, ranges=WIDE_RANGES, store_endpoint=self.endpoint,
+                control_dir=control, ranges=ranges, store_endpoint=self.endpoint,
             ),
         )
         node = self.cluster.start(
@@ -258,3 +259,41 @@ def test_a_frozen_peer_cannot_hold_a_powersgd_step(in_place: InPlaceJob) -> None
     assert {name: job.worker_pid(name) for name in ("h1", "h2")} == pids
     _assert_replicas_agree(job.replicas(after_epoch, 2), exact=True)
     assert after.loss is not None and before.loss is not None and after.loss < before.loss * 1.5
+
+
+def test_a_frozen_peer_cannot_hold_a_checkpoint_save(in_place: InPlaceJob) -> None:
+    """In place every rank holds the whole state, so rank 0 alone saves it, with no collective: a peer frozen while
+    the job checkpoints every step cannot hold the others in DCP's collectives (which nothing can abandon; they
+    would wait out gloo's 10 min). The checkpoints stay loadable: the last one resumes the job after everyone is
+    gone."""
+    job = in_place
+    args = ("--step-delay-ms", "0", "--log-every", "1", "--checkpoint-interval", "1")  # the time goes to saving
+    every_step = JobRanges.model_validate({**WIDE_RANGES.model_dump(), "checkpoint_interval_steps": {"min": 1,
+                                                                                                     "max": 10}})
+    for name in ("h1", "h2", "h3"):
+        job.start(name, args=args, ranges=every_step)
+    first = job.announce(["h1", "h2", "h3"])
+    job.running(world=3, epoch=first, steps_after=10)
+    rank0 = next(h.name for h in job.hosts.values() if (h.control / CONTROL_PROGRESS_FILE).exists())  # rank 0's
+    victim_host = next(name for name in ("h1", "h2", "h3") if name != rank0)
+    survivors = sorted(set(job.hosts) - {victim_host})
+    victim = job.worker_pid(victim_host)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        after_epoch = job.announce(survivors, urgent=True, reason=f"{victim_host} frozen")
+        after = job.running(world=2, epoch=after_epoch, steps_after=5, timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    assert after.resumed_from_step is None and after.last_checkpoint_step is not None
+    _assert_replicas_agree(job.replicas(after_epoch, 2), exact=True)
+
+    for name in survivors:
+        os.kill(job.worker_pid(name), signal.SIGKILL)
+        job.hosts[name].node.wait(timeout=30)
+    saved = max(int(p.name.split("-")[1]) for p in (job.root / "checkpoints").glob("step-*") if "." not in p.name)
+    job.epoch += 1
+    job.start("h4", args=args, ranges=every_step)
+    again = job.announce(["h4"])
+    resumed = job.running(world=1, epoch=again, steps_after=2)
+    assert resumed.resumed_from_step == saved and resumed.change == EpochChange.CHECKPOINT
