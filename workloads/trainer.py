@@ -161,6 +161,9 @@ class TrainingRun:
         self._left = False
         """This worker's node left the job (a scale-down in place); the others carry on without it."""
         self._local_loss: float | None = None
+        self._agreed = False
+        """The boundary of step `_step` has been agreed (its all-reduce returned). With the step, where this rank
+        stands: a failure can cut a boundary on some ranks after others got through it (`_progress_mark`)."""
         self._last_rank, self._last_world = 0, 1
         self._epoch_step = 0
         self._change_kind = EpochChange.FRESH
@@ -432,7 +435,8 @@ class TrainingRun:
             try:
                 if self._step == start:
                     self._local_loss = self._compute_step(loss_fn)
-                self._boundary(local_loss=self._local_loss)
+                if not self._agreed:  # a healed state may have got through this boundary already
+                    self._boundary(local_loss=self._local_loss)
                 break
             except (MembershipChanged, PeerLost) as exc:
                 self._recover(exc)  # the step is redone unless the state it heals to is already past it
@@ -468,6 +472,7 @@ class TrainingRun:
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         self._step += 1
+        self._agreed = False
         self._beacon.stepped(self._step)
         self._meter.record(settings.batch_size * settings.gradient_accumulation * self.world_size)
         return total / settings.gradient_accumulation
@@ -484,7 +489,7 @@ class TrainingRun:
 
     def _safe_boundary(self) -> None:
         """The first boundary of a run or of a joiner: an interrupted one is recovered like a step's."""
-        while True:
+        while not self._agreed:
             try:
                 self._boundary(local_loss=None)
                 return
@@ -503,6 +508,7 @@ class TrainingRun:
             self._session.group.allreduce(agreed)
         else:
             dist.all_reduce(agreed, op=dist.ReduceOp.SUM)
+        self._agreed = True
         values = agreed.tolist()
         stop = values[0] > 0
         if local_loss is not None:
@@ -714,11 +720,19 @@ class TrainingRun:
         }
         state["last_checkpoint_step"] = self.last_checkpoint_step
         state["resumed_from_step"] = self.resumed_from_step
+        state["agreed"] = self._agreed
         return state
+
+    def _progress_mark(self) -> int:
+        """How far this rank's state is, for choosing the source of a heal: steps taken, and whether the last one's
+        boundary was agreed. Two ranks at one step can differ by a boundary (an abandoned all-reduce can complete
+        on a peer), and ranks that redid it against ranks that went on would run different collectives."""
+        return 2 * self._step + int(self._agreed)
 
     def _restore_snapshot(self, state: dict[str, Any]) -> None:
         self._restore_trainer_state(state)
         self._step = int(state["step"])
+        self._agreed = bool(state.get("agreed", True))
         self.last_checkpoint_step = state.get("last_checkpoint_step")
         self.resumed_from_step = state.get("resumed_from_step")
         self.settings = self._runnable(effective_settings(self.defaults, self._applied))
@@ -731,7 +745,7 @@ class TrainingRun:
         began = time.monotonic()
         old_epoch, old_world, old_step = self._epoch, self._last_world, self._step
         self._beacon.enter(NodePhase.STARTING)
-        formation = self._form(membership, step=self._step)
+        formation = self._form(membership, step=self._progress_mark())
         self._heal(formation)
         self._ckpt = self._checkpoint_io()
         self._bind_model()

@@ -73,7 +73,8 @@ class Formation:
     rank: int
     world_size: int
     source_step: int | None
-    """The step of rank 0's state; None: no member holds state (a fresh start: load the checkpoint)."""
+    """How far rank 0's state is (the `step` it formed with: any mark that orders states, the furthest first);
+    None: no member holds state (a fresh start: load the checkpoint)."""
     in_sync: bool
     """Every member already holds the state at `source_step`: nothing to transfer."""
     survivors: int
@@ -127,7 +128,8 @@ class ElasticGroup:
         identity: str,
         interrupted: Callable[[], bool] = lambda: False,
     ) -> Formation:
-        """Join `membership`'s epoch (collective among its members); `step`: None for a worker without state.
+        """Join `membership`'s epoch (collective among its members); `step`: how far this worker's state is (any
+        integer that orders states; the trainer's counts boundaries too), None for a worker without state.
 
         `identity` names the worker across restarts of its node in one epoch (node marker and local rank): a
         worker restarted before the group formed takes its predecessor's place instead of counting twice.
