@@ -182,49 +182,32 @@ class CheckpointIO:
 
         Sequence: rank 0 clears a stale partial of this step; barrier; every rank writes its DCP shards into the
         partial (DCP's coordinator writes `.metadata` once all have); rank 0 adds `trainer.json`; barrier, so every
-        rank has finished; rank 0 renames partial -> final and prunes old checkpoints.
+        rank has finished; rank 0 renames partial -> final and prunes old checkpoints. `replicated`: rank 0 alone
+        runs the same sequence, with DCP's `no_dist` and no barrier; the other ranks write nothing.
         """
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         final = self.root / checkpoint_name(step)
         partial = final.with_name(final.name + PARTIAL_SUFFIX)
-        if self.replicated:
-            if self.rank == 0:
-                self._save_alone(step, app_state, trainer_state, partial=partial, final=final)
+        if self.replicated and self.rank != 0:
             return final
+        barrier = (lambda: None) if self.replicated else dist.barrier
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(partial, ignore_errors=True)
-        dist.barrier()
+        barrier()
         self._crash_hook(step, "before-write")
-        dcp_save(app_state, checkpoint_id=partial)
+        dcp_save(app_state, checkpoint_id=partial, no_dist=self.replicated)
         if self.rank == 0:
             write_trainer_state(partial, trainer_state)
         self._crash_hook(step, "before-commit")
-        dist.barrier()
+        barrier()
         if self.rank == 0:
             commit(partial, final)
             for path in prune(self.root, keep=self.keep):
                 _log.info("pruned old checkpoint %s", path.name)
         return final
-
-    def _save_alone(
-        self, step: int, app_state: dict[str, Any], trainer_state: dict[str, Any], *, partial: Path, final: Path
-    ) -> None:
-        """Rank 0's save of a replicated state: the same partial -> final protocol, DCP without a process group
-        (`no_dist`), so the checkpoint loads and reshards like any other."""
-        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)
-        self._crash_hook(step, "before-write")
-        dcp_save(app_state, checkpoint_id=partial, no_dist=True)
-        write_trainer_state(partial, trainer_state)
-        self._crash_hook(step, "before-commit")
-        commit(partial, final)
-        for path in prune(self.root, keep=self.keep):
-            _log.info("pruned old checkpoint %s", path.name)
 
     def find_latest(self) -> tuple[CheckpointInfo | None, dict[str, Any] | None]:
         """Rank 0 picks the latest complete checkpoint and reads its trainer state; every rank gets the same answer.

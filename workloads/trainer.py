@@ -529,7 +529,7 @@ class TrainingRun:
         saved = False
         if due and self.last_checkpoint_step != self._step and (self._step > 0 or checkpoint_now):
             self._beacon.enter(NodePhase.CHECKPOINT)
-            self._save_or_lose_peer()
+            self._save()
             saved = True
         if stop or finished:
             self._running = False
@@ -595,17 +595,6 @@ class TrainingRun:
         self.last_checkpoint_step = self._step
         dump_model(self.config.dump_dir, f"saved-step{self._step}.pt", self._model, rank=self.rank)
         self._info("checkpoint %s saved in %.2f s", path.name, time.monotonic() - began)
-
-    def _save_or_lose_peer(self) -> None:
-        """Save; in place, a peer lost during the save (DCP's own collectives, which cannot be abandoned) is a
-        `PeerLost` like any other: the save stays a `.partial`, never loaded, and the job moves to the next epoch."""
-        try:
-            self._save()
-        except RuntimeError as exc:
-            if self._session is None:
-                raise
-            self._session.group.mark_broken()
-            raise PeerLost(f"the checkpoint of step {self._step} was interrupted: {exc}") from exc
 
     def _app_state(self) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(self._model, self._optimizer)

@@ -95,24 +95,11 @@ async def compute_assignment(session: AsyncSession, host_id: str, *, generation:
         .execution_options(populate_existing=True)
         .order_by(Job.tenant_id, Job.id)
     )
-    jobs = []
-    for job, gpus in rows:
-        placement_hosts = _placement_hosts(job.placement)
-        jobs.append(
-            AssignedJob(
-                tenant=job.tenant_id,
-                job=job.id,
-                workers=int(gpus) // job.gpus_per_worker,
-                gpus=int(gpus),
-                parallel_plan=job.parallel_plan,
-                entrypoint=tuple(job.entrypoint or ()),
-                epoch=job.placement_epoch,
-                nodes=len(placement_hosts),
-                restart=job.restart_mode,
-                ranges=job_ranges(job),
-                directives=job_directives(job),
-            )
-        )
+    jobs = [
+        _assigned(job, workers=int(gpus) // job.gpus_per_worker, epoch=job.placement_epoch,
+                  nodes=len(_placement_hosts(job.placement)), restart=job.restart_mode)
+        for job, gpus in rows
+    ]
     placed = {(job.tenant, job.job) for job in jobs}
     standby = [job for job in await _standby_jobs(session, host_id, now=now) if (job.tenant, job.job) not in placed]
     return HostAssignment(
@@ -141,20 +128,32 @@ async def _standby_jobs(session: AsyncSession, host_id: str, *, now: datetime) -
     for job, workers, expires_at in rows:
         if (job.tenant_id, job.id) in standby or not job.entrypoint:
             continue
-        standby[(job.tenant_id, job.id)] = AssignedJob(
-            tenant=job.tenant_id,
-            job=job.id,
-            workers=workers,
-            gpus=workers * job.gpus_per_worker,
-            parallel_plan=job.parallel_plan,
-            entrypoint=tuple(job.entrypoint),
-            epoch=job.placement_epoch + 1,
-            nodes=len(_placement_hosts(job.placement)) + 1,
-            ranges=job_ranges(job),
-            directives=job_directives(job),
+        standby[(job.tenant_id, job.id)] = _assigned(
+            job, workers=workers, epoch=job.placement_epoch + 1, nodes=len(_placement_hosts(job.placement)) + 1,
             standby_until=expires_at,
         )
     return list(standby.values())
+
+
+def _assigned(
+    job: Job, *, workers: int, epoch: int, nodes: int, restart: RestartMode = RestartMode.GRACEFUL,
+    standby_until: datetime | None = None,
+) -> AssignedJob:
+    """`job` as one host's assignment lists it: its workers there, its epoch and node count, plan and settings."""
+    return AssignedJob(
+        tenant=job.tenant_id,
+        job=job.id,
+        workers=workers,
+        gpus=workers * job.gpus_per_worker,
+        parallel_plan=job.parallel_plan,
+        entrypoint=tuple(job.entrypoint or ()),
+        epoch=epoch,
+        nodes=nodes,
+        restart=restart,
+        ranges=job_ranges(job),
+        directives=job_directives(job),
+        standby_until=standby_until,
+    )
 
 
 async def _renew_epochs(

@@ -82,7 +82,7 @@ class TestbedLayout:
                 name=name,
                 group=group,
                 index=index,
-                namespace=f"hz-{cloud}-{name}",
+                namespace=f"{namespace_prefix(cloud)}{name}",
                 data_address=str(DATA_NET.network_address + 256 * (index // 250) + index % 250 + 1),
                 mgmt_address=f"198.19.{mgmt_subnet}.{index + 1}",
             )
@@ -92,8 +92,7 @@ class TestbedLayout:
 
     @property
     def prefix(self) -> str:
-        """The start of every namespace of this testbed's cloud (and of no other cloud's)."""
-        return f"hz-{self.cloud}-"
+        return namespace_prefix(self.cloud)
 
     @property
     def fabric(self) -> str:
@@ -122,6 +121,11 @@ class TestbedLayout:
         """(group side, spine side) of `group`'s uplink, inside the fabric: each end shapes what it sends."""
         index = self.groups.index(group)
         return f"u{index}", f"s{index}"
+
+
+def namespace_prefix(cloud: str) -> str:
+    """The start of every namespace of `cloud`'s testbed (and of no other cloud's)."""
+    return f"hz-{cloud}-"
 
 
 def root_interface(cloud: str) -> str:

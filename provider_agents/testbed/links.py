@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from provider_agents.testbed.commands import run
 
-__all__ = ["LinkCounters", "counters", "set_rate", "shape"]
+__all__ = ["LinkCounters", "counters", "shape"]
 
 MTU_BYTES = 1514
 QUEUE_S = 0.02
@@ -34,13 +34,9 @@ def _tbf(mbit: float) -> list[str]:
 
 
 def shape(namespace: str, interface: str, mbit: float) -> None:
-    """Shape what `interface` (in `namespace`) sends to `mbit` Mbit/s."""
+    """Shape what `interface` (in `namespace`) sends to `mbit` Mbit/s; again on a shaped link, change its rate in
+    place (a scenario lowering a link, then restoring it)."""
     _tc(namespace, "qdisc", "replace", "dev", interface, "root", *_tbf(mbit))
-
-
-def set_rate(namespace: str, interface: str, mbit: float) -> None:
-    """Change a shaped link's rate in place (a scenario lowering a link, then restoring it)."""
-    shape(namespace, interface, mbit)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ management uplink's end in the machine's namespace with it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -16,13 +17,10 @@ from collections.abc import Mapping
 
 from provider_agents.testbed.commands import TestbedError
 from provider_agents.testbed.commands import run as _run
-from provider_agents.testbed.layout import CLOUD_HEX, TestbedLayout, root_interface
+from provider_agents.testbed.layout import CLOUD_HEX, MGMT_NET, TestbedLayout, namespace_prefix, root_interface
 from provider_agents.testbed.links import shape
 
 __all__ = ["TestbedError", "build", "namespaces_of", "remove", "unavailable"]
-
-NETNS_PREFIX = "hz-"
-
 
 def unavailable() -> str | None:
     """Why no testbed can be built here (None: it can): not root, or no iproute2."""
@@ -40,7 +38,7 @@ def unavailable() -> str | None:
 
 def namespaces_of(cloud: str) -> list[str]:
     """The namespaces of `cloud`'s testbed that exist now (a crashed run's included)."""
-    prefix = f"{NETNS_PREFIX}{cloud}-"
+    prefix = namespace_prefix(cloud)
     names = (line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip())
     return sorted(name for name in names if name.startswith(prefix))
 
@@ -65,9 +63,9 @@ def free_mgmt_subnet(preferred: int) -> int:
     used: set[int] = set()
     for link in json.loads(_run(["ip", "-j", "-4", "addr", "show"]) or "[]"):
         for info in link.get("addr_info", []):
-            local = str(info.get("local", ""))
-            if local.startswith("198.19."):
-                used.add(int(local.split(".")[2]))
+            local = ipaddress.ip_address(str(info.get("local", "0.0.0.0")))
+            if local in MGMT_NET:
+                used.add(local.packed[2])
     for offset in range(255):
         candidate = (preferred + offset) % 255
         if candidate not in used:

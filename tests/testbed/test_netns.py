@@ -12,7 +12,7 @@ import pytest
 
 from provider_agents.testbed import layout as testbed_layout
 from provider_agents.testbed.commands import run
-from provider_agents.testbed.links import counters, set_rate
+from provider_agents.testbed.links import counters, shape
 from provider_agents.testbed.netns import build, namespaces_of, remove
 from tests.testbed.traffic import in_namespace, transfer_mbit
 
@@ -46,7 +46,7 @@ def test_two_groups_talk_through_the_shaped_uplink_and_reach_only_the_services(
     sent = counters(layout.fabric, group_end)
     assert sent.bytes_sent >= SIZE and sent.rate_bps == pytest.approx(UPLINK_MBIT * 1e6, rel=0.01)
 
-    set_rate(layout.fabric, group_end, UPLINK_MBIT / 4)  # a lowered link: the next transfer is four times slower
+    shape(layout.fabric, group_end, UPLINK_MBIT / 4)  # a lowered link: the next transfer is four times slower
     slowed = transfer_mbit(h1.namespace, h3.namespace, h3.data_address, size=SIZE // 4, port=5202)
     assert slowed < 0.4 * UPLINK_MBIT, f"after lowering the uplink {slowed:.1f} Mbit/s"
 

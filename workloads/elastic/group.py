@@ -202,11 +202,6 @@ class ElasticGroup:
         if waiting is not None:
             waiting.set()
 
-    def mark_broken(self) -> None:
-        """A collective run outside this class (DCP's) failed: keep the group referenced when it is left."""
-        with self._lock:
-            self._broken = True
-
     def _abandoned_epoch(self) -> int | None:
         with self._lock:
             return self._aborted_at

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from workloads.elastic.group import ElasticGroup
+from workloads.elastic.replica import set_gradient
 
 __all__ = ["PowerSGD"]
 
@@ -74,7 +75,7 @@ class PowerSGD:
         group.allreduce(first)
         pieces = list(torch.split(first, sizes))
         for i, piece in zip(plain, pieces, strict=False):
-            _set_grad(parameters[i], (piece / group.world_size).view_as(grads[i]))
+            set_gradient(parameters[i], (piece / group.world_size).view_as(grads[i]))
         if not compress:
             self._iter += 1
             return
@@ -90,7 +91,7 @@ class PowerSGD:
             self._q[i] = q_piece.view_as(q).clone()
             approximation = p @ self._q[i].t()
             self._error[i] = matrices[i] - approximation
-            _set_grad(parameters[i], approximation.view_as(grads[i]))
+            set_gradient(parameters[i], approximation.view_as(grads[i]))
         self._iter += 1
 
     def _q_for(self, index: int, columns: int, *, device: torch.device) -> torch.Tensor:
@@ -102,10 +103,3 @@ class PowerSGD:
             self._q[index] = q
         return q
 
-
-def _set_grad(param: nn.Parameter, value: torch.Tensor) -> None:
-    value = value.to(param.dtype)
-    if param.grad is None:
-        param.grad = value.clone()
-    else:
-        param.grad.copy_(value)

@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 from harmonaize.jobs import Compression
 from workloads.elastic.group import ElasticGroup
 
-__all__ = ["average_gradients", "transfer_state"]
+__all__ = ["average_gradients", "set_gradient", "transfer_state"]
 
 
 def average_gradients(
@@ -45,10 +45,16 @@ def average_gradients(
         flat.copy_(wire)
     flat.div_(group.world_size)
     for param, averaged in zip(params, _unflatten_dense_tensors(flat, grads), strict=True):  # type: ignore[no-untyped-call]
-        if param.grad is None:
-            param.grad = averaged.clone()
-        else:
-            param.grad.copy_(averaged)
+        set_gradient(param, averaged)
+
+
+def set_gradient(param: nn.Parameter, value: torch.Tensor) -> None:
+    """Make `value` (cast to the parameter's dtype) `param`'s gradient, in place where it has one."""
+    value = value.to(param.dtype)
+    if param.grad is None:
+        param.grad = value.clone()
+    else:
+        param.grad.copy_(value)
 
 
 def transfer_state(
