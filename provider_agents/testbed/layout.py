@@ -7,6 +7,10 @@ inter-group link, shaped both ways: `links`), and the management bridge, whose u
 namespace carries the services' address. Two planes, two subnets, no forwarding anywhere: the job's traffic between
 groups can only cross the shaped uplinks, and nothing in a namespace has a route off the machine.
 
+Each group also holds a *neighbour*: a namespace with a data port only, standing for another tenant's machine on the
+same switch, so cross-traffic over the uplinks comes from outside the fleet (`traffic`). The fabric's and the
+neighbours' names contain a dot, which no host id can, so they never collide with a host's.
+
 Every name carries the cloud's id (12 hex chars, `markers.cloud_id`): the namespaces by prefix, the one interface in
 the machine's namespace as `hz<cloud>m` (15 characters, the kernel's limit). Names inside a namespace are private to
 it, so they can be short and the same in every testbed. The data subnet exists only inside the fabric, so every
@@ -17,12 +21,14 @@ testbed, chosen free when it is built (so at most 253 hosts).
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from harmonaize.ids import is_valid_id
 
-__all__ = ["DATA_NET", "MGMT_NET", "TestbedHost", "TestbedLayout"]
+__all__ = ["DATA_NET", "MGMT_NET", "TestbedHost", "TestbedLayout", "TestbedNeighbour"]
 
 DATA_NET = ipaddress.IPv4Network("198.18.0.0/16")
 MGMT_NET = ipaddress.IPv4Network("198.19.0.0/16")
@@ -47,6 +53,20 @@ class TestbedHost:
 
 
 @dataclass(frozen=True)
+class TestbedNeighbour:
+    """Another tenant's machine in `group`: a data port only, the source or sink of cross-traffic."""
+
+    group: str
+    index: int
+    namespace: str
+    data_address: str
+
+    @property
+    def fabric_port(self) -> str:
+        return f"n{self.index}d"
+
+
+@dataclass(frozen=True)
 class TestbedLayout:
     """One cloud's testbed: hosts in locality groups, the groups' uplink rate, the management /24."""
 
@@ -56,6 +76,7 @@ class TestbedLayout:
     uplink_mbit: float
     mgmt_subnet: int
     """`n` of 198.19.n.0/24."""
+    neighbours: tuple[TestbedNeighbour, ...] = ()
 
     @classmethod
     def build(
@@ -88,7 +109,39 @@ class TestbedLayout:
             )
             for index, (name, group) in enumerate(hosts.items())
         )
-        return cls(cloud=cloud, hosts=built, groups=groups, uplink_mbit=uplink_mbit, mgmt_subnet=mgmt_subnet)
+        neighbours = tuple(
+            TestbedNeighbour(
+                group=group,
+                index=index,
+                namespace=f"{namespace_prefix(cloud)}.nbr{index}",
+                data_address=str(DATA_NET.network_address + 255 * 256 + index + 1),
+            )
+            for index, group in enumerate(groups)
+        )
+        return cls(
+            cloud=cloud, hosts=built, groups=groups, uplink_mbit=uplink_mbit, mgmt_subnet=mgmt_subnet,
+            neighbours=neighbours,
+        )
+
+    def to_json(self) -> str:
+        """What an agent in a host namespace reads to know its testbed (`from_json`)."""
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TestbedLayout:
+        raw = json.loads(text)
+        return cls(
+            cloud=raw["cloud"],
+            hosts=tuple(TestbedHost(**host) for host in raw["hosts"]),
+            groups=tuple(raw["groups"]),
+            uplink_mbit=float(raw["uplink_mbit"]),
+            mgmt_subnet=int(raw["mgmt_subnet"]),
+            neighbours=tuple(TestbedNeighbour(**n) for n in raw.get("neighbours", ())),
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> TestbedLayout:
+        return cls.from_json(path.read_text())
 
     @property
     def prefix(self) -> str:
@@ -96,7 +149,7 @@ class TestbedLayout:
 
     @property
     def fabric(self) -> str:
-        return f"{self.prefix}fabric"
+        return f"{self.prefix}.fabric"
 
     @property
     def root_interface(self) -> str:
@@ -113,6 +166,17 @@ class TestbedLayout:
             if host.name == name:
                 return host
         raise KeyError(f"no host {name!r} in the testbed")
+
+    @property
+    def namespaces(self) -> list[str]:
+        """Every namespace of the testbed, sorted."""
+        return sorted([self.fabric, *(h.namespace for h in self.hosts), *(n.namespace for n in self.neighbours)])
+
+    def neighbour(self, group: str) -> TestbedNeighbour:
+        for neighbour in self.neighbours:
+            if neighbour.group == group:
+                return neighbour
+        raise KeyError(f"no locality group {group!r} in the testbed")
 
     def group_bridge(self, group: str) -> str:
         return f"d{self.groups.index(group)}"

@@ -122,6 +122,15 @@ def _build(layout: TestbedLayout) -> None:
             _run([*in_host, "addr", "add", f"{address}/{prefix}", "dev", interface])
             _run([*in_host, "link", "set", interface, "up"])
             _run([*in_fabric, "link", "set", port, "master", bridge, "up"])
+    for neighbour in layout.neighbours:
+        _run(["ip", "netns", "add", neighbour.namespace])
+        _run(["ip", "-n", neighbour.namespace, "link", "set", "lo", "up"])
+        port = neighbour.fabric_port
+        _run(["ip", "-n", neighbour.namespace, "link", "add", "data", "type", "veth", "peer", "name", port,
+              "netns", fabric])
+        _run(["ip", "-n", neighbour.namespace, "addr", "add", f"{neighbour.data_address}/16", "dev", "data"])
+        _run(["ip", "-n", neighbour.namespace, "link", "set", "data", "up"])
+        _run([*in_fabric, "link", "set", port, "master", layout.group_bridge(neighbour.group), "up"])
 
 
 def _bridge(namespace: str, name: str) -> None:

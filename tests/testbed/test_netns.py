@@ -34,12 +34,14 @@ def test_two_groups_talk_through_the_shaped_uplink_and_reach_only_the_services(
 ) -> None:
     cloud = new_cloud()
     layout = build(cloud, HOSTS, uplink_mbit=UPLINK_MBIT)
-    assert namespaces_of(cloud) == sorted([layout.fabric, *(h.namespace for h in layout.hosts)])
+    assert namespaces_of(cloud) == layout.namespaces
     h1, h2, h3 = layout.host("h1"), layout.host("h2"), layout.host("h3")
     assert (h1.data_address, h3.data_address) == ("198.18.0.1", "198.18.0.3")
 
     within = transfer_mbit(h1.namespace, h2.namespace, h2.data_address, size=SIZE)
     across = transfer_mbit(h1.namespace, h3.namespace, h3.data_address, size=SIZE)
+    n1, n2 = layout.neighbour("g1"), layout.neighbour("g2")
+    assert transfer_mbit(n1.namespace, n2.namespace, n2.data_address, size=SIZE // 2, port=5203) < 1.2 * UPLINK_MBIT
     assert 0.5 * UPLINK_MBIT < across < 1.2 * UPLINK_MBIT, f"across the uplink {across:.1f} Mbit/s"
     assert within > 3 * UPLINK_MBIT, f"within a group {within:.1f} Mbit/s: not shaped"
     group_end, _ = layout.uplink("g1")
@@ -69,8 +71,9 @@ def test_a_rebuild_after_a_crash_removes_that_clouds_leftovers_only(new_cloud: C
     run(["ip", "netns", "add", f"hz-{crashed}-orphan"])  # what a run killed mid-build could leave
 
     again = build(crashed, {"h1": "g1", "h2": "g2"}, uplink_mbit=UPLINK_MBIT)
-    assert namespaces_of(crashed) == sorted([again.fabric, *(h.namespace for h in again.hosts)])
-    assert namespaces_of(other) == sorted([neighbour.fabric, *(h.namespace for h in neighbour.hosts)])
+    assert namespaces_of(crashed) == again.namespaces
+    assert namespaces_of(other) == neighbour.namespaces
+    assert testbed_layout.TestbedLayout.from_json(neighbour.to_json()) == neighbour
     n1, n3 = neighbour.host("h1"), neighbour.host("h3")
     assert transfer_mbit(n1.namespace, n3.namespace, n3.data_address, size=SIZE) > 0.5 * UPLINK_MBIT
 
