@@ -86,6 +86,14 @@ def up(
     demo: Annotated[
         bool, typer.Option(help="Play the demo story once in this cloud (as `harmonaize demo`), then keep running.")
     ] = False,
+    testbed: Annotated[
+        bool,
+        typer.Option(help="Each host a network namespace, the groups joined by shaped links: congestion measured, "
+                          "partitions real (needs root and iproute2; otherwise loopback, said in one line)."),
+    ] = False,
+    uplink_mbit: Annotated[
+        float, typer.Option(help="With --testbed: each locality group's uplink rate in Mbit/s.", min=1, max=10_000)
+    ] = 50.0,
 ) -> None:
     """Start the local cloud: embedded nats-server, the API on SQLite, simulated GPU hosts with their agents, a demo
     tenant. Ctrl-C stops everything."""
@@ -107,6 +115,7 @@ def up(
             typer.echo(f"  demo tenant     source {info.tenant_env_file}")
         for host, (group, gpus) in info.hosts.items():
             typer.echo(f"  host {host:<10} group {group}, {gpus} GPU(s)    log: {info.logs_dir}/agent-{host}.log")
+        typer.echo(f"  network         {info.network}")
         typer.echo(f"  data dir        {info.data_dir}")
 
     story = None
@@ -135,6 +144,7 @@ def up(
                 hosts=fleet_of(hosts) if hosts is not None else None,
                 story=story,
                 keep_running=True,
+                testbed_mbit=uplink_mbit if testbed else None,
             ),
             choice=settings.event_loop,
         )

@@ -83,6 +83,10 @@ def agent(
     stop_nodes_on_exit: Annotated[
         bool, typer.Option(help="Stop this host's nodes when the agent exits (off: a restarted agent adopts them).")
     ] = True,
+    testbed_layout: Annotated[
+        Path | None,
+        typer.Option(help="The testbed this host is a namespace of (its layout JSON): links measured, not scripted."),
+    ] = None,
     nats_url: Annotated[str | None, typer.Option(help="Broker URL (default: HZ_NATS_URL).")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
@@ -105,6 +109,7 @@ def agent(
         checkpoint_root=checkpoint_root,
         grace_s=grace,
         stop_nodes_on_exit=stop_nodes_on_exit,
+        testbed_layout=testbed_layout,
     )
     try:
         settings = _settings(nats_url)

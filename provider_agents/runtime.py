@@ -42,7 +42,11 @@ from provider_agents.node_watch import WATCH_INTERVAL_S
 from provider_agents.publisher import CoreSink, JetStreamPublisher
 from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
 from provider_agents.telemetry.detect import SourceKind, detect_source
-from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT, ScenarioInjection, load_scenario
+from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT, Scenario, ScenarioInjection, load_scenario
+from provider_agents.telemetry.simulated import SimulatedHost
+from provider_agents.telemetry.source import TelemetrySource
+from provider_agents.testbed.layout import TestbedLayout
+from provider_agents.testbed.source import TestbedSource
 
 __all__ = ["AgentOptions", "MonitorOptions", "SettingsError", "connect_provider", "run_agent", "run_fleet_monitor"]
 
@@ -69,6 +73,8 @@ class AgentOptions:
     checkpoint_root: Path | None = None
     grace_s: float = 30.0
     stop_nodes_on_exit: bool = True
+    testbed_layout: Path | None = None
+    """The host is a namespace of this testbed: its network is measured (`provider_agents.testbed.source`)."""
 
 
 @dataclass(frozen=True)
@@ -185,15 +191,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
     """Run one host agent (telemetry, heartbeats and, with `launch`, the node launcher) until a signal."""
     secret = provider_secret(settings)
     scenario = load_scenario(options.scenario) if options.scenario is not None else None
-    source = detect_source(
-        options.host,
-        kind=options.source,
-        scenario=scenario,
-        locality_group=options.locality_group,
-        gpus=options.gpus,
-        region=options.region,
-        seed=options.seed,
-    )
+    source = _telemetry_source(options, scenario)
     log.info(
         "host %s: telemetry from %s, group %s; event loop %s",
         options.host, type(source).__name__, source.locality_group, event_loop.running_loop_name(),
@@ -242,6 +240,30 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
                 await control.close()
         finally:
             _default_signals()  # only now: a signal during the shutdown above must not kill it halfway
+
+
+def _telemetry_source(options: AgentOptions, scenario: Scenario | None) -> TelemetrySource:
+    """The host's telemetry: detected (NVML or simulated); on a testbed host, the simulation's GPUs and carbon with
+    the network measured from the testbed's links."""
+    kind = SourceKind.SIMULATED if options.testbed_layout is not None else options.source
+    source = detect_source(
+        options.host,
+        kind=kind,
+        scenario=scenario,
+        locality_group=options.locality_group,
+        gpus=options.gpus,
+        region=options.region,
+        seed=options.seed,
+    )
+    if options.testbed_layout is None:
+        return source
+    try:
+        layout = TestbedLayout.load(options.testbed_layout)
+        layout.host(options.host)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SettingsError(f"testbed layout {options.testbed_layout}: {exc}") from None
+    assert isinstance(source, SimulatedHost)
+    return TestbedSource(source, layout)
 
 
 async def _accept_injections(nc: Client, source: object, host: str) -> None:

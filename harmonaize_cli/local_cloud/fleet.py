@@ -21,11 +21,15 @@ from typing import Any
 import httpx
 import yaml
 
+from harmonaize_cli.local_cloud.testbed import LocalTestbed
 from provider_agents.markers import host_prefix
 from provider_agents.processes import signal_marked
 
 __all__ = ["DEFAULT_SCENARIO", "LocalFleet", "fleet_of", "pin_scenario", "register_hosts", "scenario_hosts"]
 
+TESTBED_TICK_S = 0.25
+"""Testbed agents sample their links four times per congestion window (1 s), so a queue that drains between a job's
+steps is seen to drain, and a congestion is reported within about a second of its start."""
 DEFAULT_SCENARIO = Path(str(importlib.resources.files("provider_agents") / "scenarios" / "quiet.yaml"))
 """A quiet fleet: the hosts and the carbon trace, no scripted episode.
 
@@ -102,21 +106,23 @@ class LocalFleet:
     cloud: str
     """The cloud id its agents derive (`markers.cloud_id`): host kills reach only this cloud's node processes."""
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    testbed: LocalTestbed | None = None
+    """On the testbed, each agent runs inside its host's namespace and the stores listen on the services address."""
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, *args: str, host: str | None = None) -> subprocess.Popen[bytes]:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "provider_agents.cli", *args]
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        if self.testbed is not None and host is not None:
+            command = self.testbed.agent_command(host, command)
+            env.update(self.testbed.agent_env)
         with open(logs / f"{name}.log", "ab") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "provider_agents.cli", *args],
-                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self) -> None:
-        self.processes["fleet-monitor"] = self._spawn("fleet-monitor", "fleet-monitor")
+        bind = ["--rendezvous-bind", self.testbed.services_address] if self.testbed is not None else []
+        self.processes["fleet-monitor"] = self._spawn("fleet-monitor", "fleet-monitor", *bind)
         for host in self.hosts:
             self.start_agent(host)
 
@@ -125,7 +131,9 @@ class LocalFleet:
         self.processes[host] = self._spawn(
             f"agent-{host}",
             "agent", "--host-id", host, "--locality-group", group, "--gpus", str(gpus),
-            "--scenario", str(self.scenario), "--tick", "0.5",
+            "--scenario", str(self.scenario), "--tick",
+            "0.5" if self.testbed is None else str(TESTBED_TICK_S),
+            host=host,
         )
 
     def agent_running(self, host: str) -> bool:

@@ -34,8 +34,10 @@ from broker_config.render import render_accounts
 from broker_config.server import NatsServer, PortInUseError, port_is_free
 from harmonaize.settings import Settings
 from harmonaize_cli.local_cloud.fleet import DEFAULT_SCENARIO, LocalFleet, pin_scenario, register_hosts, scenario_hosts
+from harmonaize_cli.local_cloud.testbed import LocalTestbed, testbed_unavailable
 from provider_agents.markers import cloud_id
 from provider_agents.telemetry.scenario import BUILTIN_TRACE_NAMES, ScenarioError, load_scenario
+from provider_agents.testbed.commands import TestbedError
 
 DEMO_TENANT = "demo"
 CARBON_SPEEDUP = 60.0
@@ -56,6 +58,9 @@ class LocalCloudInfo:
     broker_log: Path
     hosts: dict[str, tuple[str, int]] = field(default_factory=dict)
     logs_dir: Path | None = None
+    network: str = "loopback"
+    """One line: where the hosts' traffic runs (the testbed and its uplink rate, or loopback and, when a testbed was
+    asked for, why not)."""
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -143,10 +148,12 @@ async def run_local_cloud(
     hosts: dict[str, tuple[str, int]] | None = None,
     story: Callable[[LocalCloudInfo, LocalFleet | None], Coroutine[Any, Any, None]] | None = None,
     keep_running: bool = False,
+    testbed_mbit: float | None = None,
 ) -> None:
     """Start broker, API and fleet, call `on_ready`, and run until `stop` is set (or SIGINT/SIGTERM), or until
     `story` returns when one is given (unless `keep_running`); then stop everything (the fleet first, so jobs
-    checkpoint)."""
+    checkpoint). `testbed_mbit`: the hosts as network namespaces, their groups joined by uplinks of that rate
+    (`local_cloud.testbed`); where none can be built, loopback, and `LocalCloudInfo.network` says why."""
     lock = _lock_data_dir(settings.data_dir)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -155,19 +162,46 @@ async def run_local_cloud(
     settings = ensure_local_secrets(settings)
     assert settings.provider_secret is not None
     secret = settings.provider_secret.get_secret_value().encode()
-    if settings.api_port and not port_is_free(settings.api_host, settings.api_port):
+    if not fleet:
+        hosts = {}
+    elif hosts is None:
+        hosts = scenario_hosts(scenario or DEFAULT_SCENARIO)
+    testbed: LocalTestbed | None = None
+    network = "loopback"
+    if testbed_mbit is not None and hosts:
+        reason = testbed_unavailable()
+        if reason is None:
+            cloud = cloud_id(secret, settings.data_dir.resolve())
+            groups = {host: group for host, (group, _) in hosts.items()}
+            try:
+                testbed = await asyncio.to_thread(
+                    LocalTestbed.build, settings.data_dir, cloud, groups, uplink_mbit=testbed_mbit
+                )
+            except (TestbedError, ValueError) as exc:
+                reason = f"the testbed could not be built ({exc}); running on loopback instead"
+        network = reason or (
+            f"testbed: {len(hosts)} host namespaces in {len(set(groups.values()))} locality groups, uplinks "
+            f"{testbed_mbit:g} Mbit/s, services at {testbed.services_address if testbed else '?'}"
+        )
+    bind_host = testbed.services_address if testbed is not None else settings.api_host
+    if settings.api_port and not port_is_free(bind_host, settings.api_port):
+        if testbed is not None:
+            await asyncio.to_thread(testbed.remove)
+        lock.close()
         raise LocalCloudError(
-            f"cannot start the API: port {settings.api_port} on {settings.api_host} is already in use "
+            f"cannot start the API: port {settings.api_port} on {bind_host} is already in use "
             "(set --api-port, or 0 for any free port)"
         )
     server = NatsServer(
         settings.data_dir / "broker",
         accounts_text=render_accounts(ProviderKeys(secret), []),
+        host=bind_host if testbed is not None else "127.0.0.1",
         port=nats_port,
         sync_interval=settings.broker_sync_interval,
     )
     served: ProviderApi | None = None
     local_fleet: LocalFleet | None = None
+    tasks: list[asyncio.Task[None]] = []
     try:
         await upgrade_async(settings)
         try:
@@ -185,10 +219,10 @@ async def run_local_cloud(
             NegotiationOptions(carbon_speedup=CARBON_SPEEDUP),
         )
         try:
-            api = await serve_api(served.app, host=settings.api_host, port=settings.api_port)
+            api = await serve_api(served.app, host=bind_host, port=settings.api_port)
         except ApiStartError as exc:
             raise LocalCloudError(str(exc)) from None
-        api_url = f"http://{settings.api_host}:{api.port}"
+        api_url = f"http://{bind_host}:{api.port}"
         admin_env = settings.data_dir / "admin.env"
         assert settings.admin_token is not None
         _write_private(
@@ -203,19 +237,20 @@ async def run_local_cloud(
             ),
         )
         tenant_env = await _ensure_demo_tenant(settings, api_url, server.url) if demo_tenant else None
-        if not fleet:
-            hosts = {}
-        elif hosts is None:
-            hosts = scenario_hosts(scenario or DEFAULT_SCENARIO)
         if fleet:
             local_fleet = _start_fleet(
                 settings, api_url, server.url, secret, scenario or DEFAULT_SCENARIO, hosts, start=scenario_start
             )
+            local_fleet.testbed = testbed
             await register_hosts(api_url, settings.admin_token.get_secret_value(), hosts)
             local_fleet.start()
+            if testbed is not None:
+                tasks.append(asyncio.create_task(testbed.play(
+                    local_fleet.scenario, start=scenario_start, nats_url=server.url, secret=secret, stop=stop
+                ), name="hz-testbed-episodes"))
         info = LocalCloudInfo(
             settings.data_dir, server.url, api_url, admin_env, tenant_env, server.log_file, hosts,
-            settings.data_dir / "logs",
+            settings.data_dir / "logs", network,
         )
         on_ready(info)
         stopping = asyncio.create_task(stop.wait())
@@ -236,13 +271,17 @@ async def run_local_cloud(
         for task in done - {api.task}:
             task.result()
     finally:
+        stop.set()
         if local_fleet is not None:
             await asyncio.to_thread(local_fleet.stop)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         if served is not None:
             await served.aclose()
         await asyncio.to_thread(server.stop)
+        if testbed is not None:
+            await asyncio.to_thread(testbed.remove)
         lock.close()
 
 

@@ -28,6 +28,10 @@ the file without reading this code. Example (every section is optional):
     carbon:
       US-CAL-CISO: {trace: caiso, speedup: 3600}
       DE: {points: [{at: 0s, g_per_kwh: 380}, {at: 4s, g_per_kwh: 210}]}
+    link_rates:  # testbed only
+      - {group: g2, start: 4s, duration: 5s, mbit: 10}
+    partitions:  # testbed only
+      - {host: h4, at: 6s, duration: 2s}
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ __all__ = [
     "CongestionEpisode",
     "FabricSpec",
     "HostSpec",
+    "LinkRateEpisode",
     "MaintenanceSpec",
+    "PartitionEpisode",
     "PredictedFailureSpec",
     "Scenario",
     "ScenarioError",
@@ -129,6 +135,27 @@ class CongestionEpisode(_Spec):
     @property
     def link_name(self) -> str:
         return self.link or "link-" + "-".join(self.groups)
+
+
+class LinkRateEpisode(_Spec):
+    """A group's uplink running at `mbit` (both ways) from `start` for `duration` (forever when omitted), then back at
+    the testbed's rate. Played only on the testbed (`provider_agents.testbed.episodes`): a loopback cloud's simulated
+    hosts have no links to shape and ignore it."""
+
+    group: IdStr
+    start: Duration
+    duration: Duration | None = None
+    mbit: float = Field(gt=0.0, le=10_000.0)
+
+
+class PartitionEpisode(_Spec):
+    """A host cut off the network at `at` for `duration` (forever when omitted): its data and management links down,
+    its processes alive, everything back at the end. Played only on the testbed (`provider_agents.testbed.episodes`):
+    a loopback cloud's simulated hosts share one network namespace and ignore it."""
+
+    host: IdStr
+    at: Duration
+    duration: Duration | None = None
 
 
 class ScheduledFailure(_Spec):
@@ -215,6 +242,10 @@ class Scenario(_Spec):
     predicted_failures: tuple[PredictedFailureSpec, ...] = ()
     maintenance: tuple[MaintenanceSpec, ...] = ()
     carbon: dict[RegionCode, CarbonSpec] = Field(default_factory=dict)
+    link_rates: tuple[LinkRateEpisode, ...] = ()
+    """Uplink rate changes, played only on the testbed (a loopback cloud's simulated hosts ignore them)."""
+    partitions: tuple[PartitionEpisode, ...] = ()
+    """Hosts cut off the network, played only on the testbed (a loopback cloud's simulated hosts ignore them)."""
 
     def host(self, host: str) -> HostSpec:
         """The host's section, or the defaults."""

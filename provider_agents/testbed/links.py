@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from provider_agents.testbed.commands import run
 
-__all__ = ["LinkCounters", "counters", "shape"]
+__all__ = ["LinkCounters", "all_counters", "counters", "shape"]
 
 MTU_BYTES = 1514
 QUEUE_S = 0.02
@@ -53,16 +53,32 @@ class LinkCounters:
 
 def counters(namespace: str, interface: str) -> LinkCounters:
     """The root qdisc's counters of `interface` in `namespace` (`tc -s -j qdisc show`)."""
-    entries = json.loads(_tc(namespace, "-s", "-j", "qdisc", "show", "dev", interface) or "[]")
-    root = next((entry for entry in entries if entry.get("root")), None)
-    if root is None:
+    found = _root_counters(_tc(namespace, "-s", "-j", "qdisc", "show", "dev", interface), device=interface)
+    if interface not in found:
         raise ValueError(f"{interface} in {namespace} has no root qdisc")
-    rate = float(root.get("options", {}).get("rate", 0) or 0)
-    return LinkCounters(
-        bytes_sent=int(root.get("bytes", 0)),
-        packets_sent=int(root.get("packets", 0)),
-        drops=int(root.get("drops", 0)),
-        overlimits=int(root.get("overlimits", 0)),
-        backlog_bytes=int(root.get("backlog", 0)),
-        rate_bps=rate * 8 if rate else 0.0,
-    )
+    return found[interface]
+
+
+def all_counters(namespace: str) -> dict[str, LinkCounters]:
+    """Every interface's root qdisc counters in `namespace`, from one `tc` call: both ends of an uplink are read at
+    the same instant, and a monitor sampling every tick costs one process, not one per interface."""
+    return _root_counters(_tc(namespace, "-s", "-j", "qdisc", "show"))
+
+
+def _root_counters(output: str, *, device: str | None = None) -> dict[str, LinkCounters]:
+    """Root qdiscs by interface; `device`: the one asked for (tc leaves `dev` out when a command names it)."""
+    found: dict[str, LinkCounters] = {}
+    for entry in json.loads(output or "[]"):
+        dev = entry.get("dev", device)
+        if not entry.get("root") or dev is None:
+            continue
+        rate = float(entry.get("options", {}).get("rate", 0) or 0)
+        found[str(dev)] = LinkCounters(
+            bytes_sent=int(entry.get("bytes", 0)),
+            packets_sent=int(entry.get("packets", 0)),
+            drops=int(entry.get("drops", 0)),
+            overlimits=int(entry.get("overlimits", 0)),
+            backlog_bytes=int(entry.get("backlog", 0)),
+            rate_bps=rate * 8 if rate else 0.0,
+        )
+    return found

@@ -19,9 +19,10 @@ IN, HIDDEN, OUT = 32, 64, 8
 TEACHER_SEED = 1234
 
 
-def make_model() -> nn.Module:
+def make_model(hidden: int = HIDDEN) -> nn.Module:
+    """`hidden` sets how much a step communicates: ~hidden² parameters, 4 bytes each, all-reduced per step."""
     return nn.Sequential(
-        nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)
+        nn.Linear(IN, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, OUT)
     )
 
 
@@ -51,9 +52,13 @@ def make_loss_fn() -> LossFn:
 
 def main(argv: Sequence[str] | None = None) -> None:
     configure_logging()
-    args = parse(example_arguments("Elastic MLP regression", batch_size=32, lr=3e-3), argv)
+    parser = example_arguments("Elastic MLP regression", batch_size=32, lr=3e-3)
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden width (a wider model communicates more)")
+    args = parse(parser, argv)
+    if not 1 <= args.hidden <= 8192:
+        parser.error(f"--hidden must be in 1..8192, got {args.hidden}")
     run = TrainingRun(
-        model_factory=make_model,
+        model_factory=lambda: make_model(args.hidden),
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=args.lr),
         batch_size=args.batch_size,
         gradient_accumulation=args.gradient_accumulation,
