@@ -5,6 +5,9 @@ Arms, in one cloud, the same job shape each, one after the other:
 - `status_quo`: the tenant allowed no compression and runs no controller, so the job keeps its plan.
 - `cooperative`: the tenant allowed fp16 and PowerSGD; the provider's micro loop, seeing the congestion its agents
   measured on the job's path, turns compression on in place.
+- `repartition`: no compression allowed, but the tenant runs the example congestion repartitioner
+  (`tenant_controllers/examples/congestion_repartitioner.py`): at the congestion event it negotiates HSDP grouped by
+  locality (shards inside a group, replicas across), and the job restarts into it from its checkpoint.
 Each arm measures samples/s uncongested, then congested once the arm's answer is in place, and when the congestion
 event reached the tenant after the flow started. The job is wide enough (`hidden`) that its all-reduce, not its
 compute, decides its step time when the link is shared.
@@ -13,9 +16,11 @@ compute, decides its step time when the link is shared.
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from harmonaize_cli.local_cloud.tenant_probe import Rate, TenantProbe, inject_scenario
@@ -23,7 +28,8 @@ from provider_agents.telemetry.scenario import CongestionEpisode, Scenario
 
 __all__ = ["ARMS", "ArmResult", "TrialShape", "run_arm"]
 
-ARMS = ("status_quo", "cooperative")
+ARMS = ("status_quo", "cooperative", "repartition")
+REPARTITIONER = Path(str(importlib.resources.files("tenant_controllers") / "examples" / "congestion_repartitioner.py"))
 CONGESTED_LEVELS = {"moderate", "high", "severe"}
 
 
@@ -38,7 +44,7 @@ class TrialShape:
     """The congestion episode's: the testbed plays it as round(slowdown) - 1 bulk flows over the uplink."""
     groups: tuple[str, str] = ("g1", "g2")
     detect_timeout_s: float = 10.0
-    answer_timeout_s: float = 30.0
+    answer_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,17 @@ async def run_arm(probe: TenantProbe, arm: str, shape: TrialShape) -> ArmResult:
     await probe.wait_progress(job, lambda p: p["step"] >= 20 and p["world_size"] == shape.workers,
                               timeout=180, what=f"{job}: training at {shape.workers} workers")
     uncongested = await probe.rate(job, shape.window_s)
-    duration = shape.detect_timeout_s + shape.answer_timeout_s + shape.window_s + 10  # ends after the window
+    controller = probe.start_controller(REPARTITIONER, job) if arm == "repartition" else None
+    try:
+        return await _congested(probe, arm, shape, job, uncongested)
+    finally:
+        if controller is not None:
+            await probe.stop_controller(controller)
+
+
+async def _congested(probe: TenantProbe, arm: str, shape: TrialShape, job: str, uncongested: Rate) -> ArmResult:
+    answer_s = {"status_quo": 0.0, "cooperative": shape.answer_timeout_s / 3}.get(arm, shape.answer_timeout_s)
+    duration = shape.detect_timeout_s + answer_s + shape.window_s + 10  # ends after the window
     started = time.monotonic()
     begins = datetime.now(UTC)
     episode = CongestionEpisode(groups=shape.groups, start=0.0, duration=duration, slowdown=shape.slowdown)
@@ -94,8 +110,13 @@ async def run_arm(probe: TenantProbe, arm: str, shape: TrialShape) -> ArmResult:
         detected = probe.first_event("congestion", job, lambda d: d.get("level") in CONGESTED_LEVELS, after=started)
         await _tick()
     if arm == "cooperative":
-        await probe.wait_progress(job, lambda p: p["compression"] != "none", timeout=shape.answer_timeout_s,
+        await probe.wait_progress(job, lambda p: p["compression"] != "none", timeout=answer_s,
                                   what=f"{job}: compression turned on by the micro loop")
+    elif arm == "repartition":
+        hsdp = await probe.wait_progress(job, lambda p: p["parallel_plan"] == "hsdp", timeout=answer_s,
+                                         what=f"{job}: repartitioned to HSDP by the tenant's controller")
+        await probe.wait_progress(job, lambda p: p["step"] >= hsdp["step"] + 5, timeout=answer_s,
+                                  what=f"{job}: stepping in HSDP")
     congested = await probe.rate(job, shape.window_s)
     last = await probe.progress(job)
     await probe.release(job)

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +56,8 @@ class TenantProbe:
 
     def __init__(self, data_dir: Path) -> None:
         tenant, admin = _env(data_dir / f"tenant-{DEMO_TENANT}.env"), _env(data_dir / "admin.env")
+        self.data_dir = data_dir
+        self.tenant_env = tenant
         self.api_url, self.nats_url = tenant["HZ_API_URL"], tenant["HZ_NATS_URL"]
         self.seed = tenant["HZ_TENANT_NATS_SEED"]
         self.secret = admin["HZ_PROVIDER_SECRET"].encode()
@@ -127,6 +133,29 @@ class TenantProbe:
             if check(event["data"]):
                 return arrived
         return None
+
+    def start_controller(self, script: Path, job: str) -> subprocess.Popen[bytes]:
+        """`harmonaize controller run script` for `job`, as the tenant, logging to the cloud's logs dir."""
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.tenant_env, "HZ_JOB": job, "PYTHONUNBUFFERED": "1"}
+        with open(logs / f"controller-{job}.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "harmonaize_cli", "controller", "run", str(script),
+                 "--state-dir", str(self.data_dir / "controllers" / job)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    @staticmethod
+    async def stop_controller(process: subprocess.Popen[bytes], *, timeout: float = 20.0) -> None:
+        """SIGTERM (the runner finishes handlers in flight), then SIGKILL after `timeout`."""
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            await asyncio.to_thread(process.wait)
 
     async def release(self, job: str) -> None:
         """Release every worker of the job (its end, as the provider sees it)."""

@@ -15,7 +15,10 @@ training across the shaped uplinks with real gloo traffic.
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,11 @@ from harmonaize_cli.local_cloud.congestion_trial import ArmResult, TrialShape, r
 from harmonaize_cli.local_cloud.fleet import LocalFleet, fleet_of
 from harmonaize_cli.local_cloud.launcher import LocalCloudInfo, run_local_cloud
 from harmonaize_cli.local_cloud.tenant_probe import TenantProbe, inject_scenario
+from provider_agents.markers import cloud_id
 from provider_agents.telemetry.scenario import PartitionEpisode, Scenario
-from provider_agents.testbed.netns import namespaces_of
+from provider_agents.testbed.commands import run
+from provider_agents.testbed.netns import build, namespaces_of
+from tests.cloud.test_up import read_env_file, start_up
 from tests.support import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.usefixtures("testbed_possible")]
@@ -62,17 +68,21 @@ async def _in_testbed_cloud(tmp_path: Path, story: Any) -> str:
 
 
 def _topology_matches_layout(probe: TenantProbe, fleet: LocalFleet, job: str) -> bool:
+    """Some topology event of `job` placed on all four hosts says what the layout built (a later one, after the job
+    was released host by host, lists fewer nodes)."""
     assert fleet.testbed is not None
     layout = fleet.testbed.layout
-    secret = probe.secret
-    for _, event in reversed(probe.events):
+    expected_nodes = {
+        host_pseudonym(probe.secret, "demo", h.name): locality_pseudonym(probe.secret, "demo", h.group)
+        for h in layout.hosts
+    }
+    for _, event in probe.events:
         if event.get("subject") != job or not str(event.get("type", "")).endswith(".topology.v1"):
             continue
         data = event["data"]
-        expected_nodes = {
-            host_pseudonym(secret, "demo", h.name): locality_pseudonym(secret, "demo", h.group) for h in layout.hosts
-        }
         nodes = {node["host"]: node["group"] for node in data["nodes"]}
+        if len(nodes) < len(expected_nodes):
+            continue
         links = [(link["a"], link["b"], link["bandwidth"]) for link in data["links"]]
         groups = {group["group"]: group["intra_bandwidth"] for group in data["groups"]}
         return (
@@ -161,3 +171,36 @@ async def test_without_a_testbed_the_cloud_says_why_and_runs_on_loopback(
     await asyncio.wait_for(run_local_cloud(settings, hosts=fleet_of(1), story=story, testbed_mbit=50), timeout=120)
     assert seen and seen[0].network == "the testbed needs root; running on loopback instead"
     assert seen[0].api_url.startswith("http://127.0.0.1:")
+
+
+def test_up_testbed_says_where_it_runs_and_a_restart_after_a_crash_clears_only_its_own_leftovers(
+    tmp_path: Path, new_cloud: Callable[[], str]
+) -> None:
+    """The real command: `harmonaize up --testbed`, stopped with Ctrl-C; then a crashed run's leftovers of the same
+    cloud (its namespaces, one it never finished) beside another testbed: the next start removes its own only."""
+    data_dir = tmp_path / "hz"
+    first = start_up(data_dir, "--testbed", "--hosts", "2", "--uplink-mbit", "30")
+    secret = json.loads((data_dir / "secrets.json").read_text())["provider_secret"].encode()
+    cloud = cloud_id(secret, data_dir.resolve())
+    try:
+        network = next(line for line in first.lines if line.strip().startswith("network"))
+        assert "testbed: 2 host namespaces in 2 locality groups, uplinks 30 Mbit/s, services at 198.19." in network
+        api = read_env_file(data_dir / "admin.env")["HZ_API_URL"]
+        assert api.startswith("http://198.19.") and len(namespaces_of(cloud)) == 5  # 2 hosts, fabric, 2 neighbours
+    finally:
+        first.proc.send_signal(signal.SIGINT)
+        first.proc.wait(60)
+    assert namespaces_of(cloud) == [], "Ctrl-C left namespaces behind"
+
+    other = new_cloud()
+    neighbour = build(other, {"x1": "g1", "x2": "g2"}, uplink_mbit=30)
+    build(cloud, {"h1": "g1", "h2": "g2"}, uplink_mbit=30)  # what a crashed run of this cloud left
+    run(["ip", "netns", "add", f"hz-{cloud}-orphan"])
+    second = start_up(data_dir, "--testbed", "--hosts", "2")
+    try:
+        assert f"hz-{cloud}-orphan" not in namespaces_of(cloud)
+        assert namespaces_of(other) == neighbour.namespaces
+    finally:
+        second.proc.send_signal(signal.SIGINT)
+        second.proc.wait(60)
+    assert namespaces_of(cloud) == [] and namespaces_of(other) == neighbour.namespaces
