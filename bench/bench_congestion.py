@@ -52,7 +52,8 @@ from harmonaize_cli.local_cloud.testbed import testbed_unavailable  # noqa: E402
 
 
 async def measure(args: argparse.Namespace, data_dir: Path) -> tuple[list[ArmResult], str]:
-    shape = TrialShape(hidden=args.hidden, step_delay_ms=args.step_delay_ms, window_s=args.window)
+    shape = TrialShape(hidden=args.hidden, step_delay_ms=args.step_delay_ms, window_s=args.window,
+                       slowdown=args.slowdown)
     results: list[ArmResult] = []
     network: list[str] = []
 
@@ -84,8 +85,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=500)
     parser.add_argument("--step-delay-ms", type=float, default=250.0)
     parser.add_argument("--window", type=float, default=20.0, help="seconds per samples/s measurement")
+    parser.add_argument("--slowdown", type=float, default=TrialShape.slowdown,
+                        help="the congestion episode's (played as round(slowdown) - 1 bulk flows)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--data-dir", type=Path, default=None, help="keep the cloud's state and logs here (new dir)")
     args = parser.parse_args()
     reason = testbed_unavailable()
     if reason is not None:
@@ -94,8 +98,13 @@ def main() -> None:
     print(machine_line())
     print(f"commit {git_state()}; load {loadavg()}")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hz-bench-congestion-") as tmp:
-        results, network = asyncio.run(measure(args, Path(tmp)))
+    if args.data_dir is not None:
+        if args.data_dir.exists() and any(args.data_dir.iterdir()):
+            parser.error(f"--data-dir {args.data_dir} is not empty: the bench needs a fresh cloud")
+        results, network = asyncio.run(measure(args, args.data_dir))
+    else:
+        with tempfile.TemporaryDirectory(prefix="hz-bench-congestion-") as tmp:
+            results, network = asyncio.run(measure(args, Path(tmp)))
     print(network)
     rows = [
         [r.arm, fmt(r.uncongested.samples_per_s, "/s"), fmt(r.congested.samples_per_s, "/s"), f"{r.kept:.0%}",

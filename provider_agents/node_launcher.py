@@ -117,6 +117,9 @@ class LauncherConfig:
     """When a running node counts as hung (`hang_detector`)."""
     in_place: bool = True
     """Run DDP jobs in place (`workloads.elastic`): an epoch change that keeps a node keeps its processes."""
+    local_addr: str | None = None
+    """The address peers reach this host's workers at, for a restarted node's torchrun (`--local-addr`); None: what
+    its host name resolves to. A testbed host sets its data address: its host name is the machine's."""
 
 
 @dataclass(frozen=True)
@@ -465,6 +468,7 @@ class NodeLauncher:
                 f"--rdzv-id={spec.tenant}.{spec.job}.e{spec.epoch}",
                 f"--rdzv-conf={RDZV_CONF}",
                 f"--max-restarts={self.config.max_restarts}",
+                *([f"--local-addr={self.config.local_addr}"] if self.config.local_addr else []),
             ]
         command = [
             self.config.python, "-m", "torch.distributed.run",

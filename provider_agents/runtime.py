@@ -304,6 +304,7 @@ def _launcher(
         checkpoint_root=options.checkpoint_root or settings.data_dir / "checkpoints",
         cloud=cloud_id(secret, settings.data_dir),
         grace_s=options.grace_s,
+        local_addr=_testbed_data_address(options),
     )
     return NodeLauncher(
         config,
@@ -312,6 +313,12 @@ def _launcher(
         on_progress=control.report_progress,
         on_failure=_failure_sink(control),
     )
+
+
+def _testbed_data_address(options: AgentOptions) -> str | None:
+    if options.testbed_layout is None:
+        return None
+    return TestbedLayout.load(options.testbed_layout).host(options.host).data_address
 
 
 def _failure_sink(control: ControlPlane) -> FailureSink:

@@ -19,7 +19,9 @@ What a group's agents see: the path from group A to group B crosses A's uplink (
 four ends in the fabric namespace, so one `tc` call per sample reads every uplink. A congested uplink of A or of B is
 reported for the pair (A, B) under the link's own name (`uplink-<group>`): both groups' hosts see congestion on a path
 they share, whichever of them the projection picks to report it. `since` is the wall-clock time the link was first
-seen congested, kept while it stays so and reset once it clears.
+seen congested, kept while it stays so and reset once it clears; it clears only after `CLEAR_AFTER_S` measured
+uncongested (reporting its last congested reading meanwhile), so a moment's drain of a shared queue does not flap
+the tenant's plan.
 
 The first sample has no history and reports nothing; a sample too soon after the last one (under a quarter of the
 window of history) keeps the previous verdict. Counters that go backwards, or a rate that changed (a scenario lowering
@@ -115,6 +117,12 @@ class UplinkLoad:
         return queueing_slowdown(max(congested)) if congested else 1.0
 
 
+CLEAR_AFTER_S = 3.0
+"""A congested link is reported clear only after this long measured uncongested: TCP flows sharing a link back off
+together now and then, and the queue drains for a moment; a tenant that repartitions on congestion must not be sent
+back and forth by it."""
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -128,6 +136,7 @@ class UplinkMonitor:
         group: str,
         *,
         window_s: float = 1.0,
+        clear_after_s: float = CLEAR_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = _utc_now,
         read: CounterReader | None = None,
@@ -141,6 +150,7 @@ class UplinkMonitor:
         self.layout = layout
         self.group = group
         self.window_s = window_s
+        self.clear_after_s = clear_after_s
         self._clock = clock
         self._now = now
         self._read: CounterReader = read or (lambda: all_counters(layout.fabric))
@@ -148,6 +158,7 @@ class UplinkMonitor:
         self._ends = {g: layout.uplink(g) for g in (group, *self._others)} if self._others else {}
         self._history: deque[tuple[float, dict[str, LinkCounters]]] = deque()
         self._since: dict[str, datetime] = {}
+        self._last_congested: dict[str, tuple[float, UplinkLoad]] = {}
         self._reported: tuple[LinkCongestion, ...] = ()
         self.loads: dict[str, UplinkLoad] = {}
         """The last measurement of each uplink on the group's paths, by group (empty until one was made)."""
@@ -187,16 +198,18 @@ class UplinkMonitor:
             for g, ends in self._ends.items()
         }
         for g, load in self.loads.items():
-            if not load.congested:
+            if load.congested:
+                self._since.setdefault(g, self._now())
+                self._last_congested[g] = (t, load)
+            elif g in self._last_congested and t - self._last_congested[g][0] >= self.clear_after_s:
                 self._since.pop(g, None)
-            elif g not in self._since:
-                self._since[g] = self._now()
+                del self._last_congested[g]
         self._reported = tuple(
             LinkCongestion(
                 link=link_name(g),
                 groups=(self.group, other),
-                utilization=self.loads[g].utilization,
-                slowdown=self.loads[g].slowdown,
+                utilization=self._last_congested[g][1].utilization,
+                slowdown=self._last_congested[g][1].slowdown,
                 since=self._since[g],
             )
             for other in self._others

@@ -81,8 +81,11 @@ class FakeFabric:
     def now(self) -> datetime:
         return T0 + timedelta(seconds=self.t)
 
-    def monitor(self, group: str = "g1") -> UplinkMonitor:
-        return UplinkMonitor(self.layout, group, clock=self.clock, now=self.now, read=self.read)
+    def monitor(self, group: str = "g1", *, clear_after_s: float = 0.0) -> UplinkMonitor:
+        """Without a hold by default: these tests look at each verdict; the hold has its own."""
+        return UplinkMonitor(
+            self.layout, group, clear_after_s=clear_after_s, clock=self.clock, now=self.now, read=self.read
+        )
 
 
 def _layout(hosts: dict[str, str]) -> testbed_layout.TestbedLayout:
@@ -259,6 +262,32 @@ def test_one_group_has_no_uplink_to_read() -> None:
     monitor = fabric.monitor()
     assert monitor.sample() == monitor.sample() == () and fabric.reads == 0
     assert monitor.rate_bps() is None
+
+
+def test_a_congested_link_clears_only_after_it_stayed_clear_for_the_hold(fabric: FakeFabric) -> None:
+    """Flows sharing a link back off together now and then: a moment's drain must not read as the end of it."""
+    monitor = fabric.monitor(clear_after_s=3.0)
+    monitor.sample()
+    fabric.load("u0", 1.0, backlog=60_000)
+    for _ in range(3):
+        fabric.tick()
+        (held,) = monitor.sample()
+    fabric.load("u0", 0.3)
+    for _ in range(5):  # 2.5 s measured clear: still reported, as last measured
+        fabric.tick()
+        (link,) = monitor.sample()
+        assert (link.since, link.slowdown) == (held.since, held.slowdown)
+    fabric.load("u0", 1.0, backlog=60_000)  # back before the hold ran out: the same episode
+    fabric.tick()
+    fabric.tick()
+    (link,) = monitor.sample()
+    assert link.since == held.since
+    fabric.load("u0", 0.0)
+    for _ in range(6):
+        fabric.tick()
+        monitor.sample()
+    fabric.tick()
+    assert monitor.sample() == (), "3 s measured clear: the congestion is over"
 
 
 def test_the_source_keeps_the_simulation_and_replaces_the_network(fabric: FakeFabric) -> None:
