@@ -20,8 +20,8 @@ The baseline is the same job on the same uncongested link in the same run; the f
 under congestion (target: cooperative >= 80 %, status quo < 60 %), and the time from the flow's start to the job's
 congestion event at the tenant (target <= 2 s).
 
-The cross-traffic is a congestion episode of slowdown 4: the testbed plays it as 3 bulk flows (a link shared fairly
-by n flows leaves a new one 1/(n+1) of it).
+The cross-traffic is a congestion episode of slowdown 3 (`--slowdown`): the testbed plays it as 2 bulk flows (a link
+shared fairly by n flows leaves a new one 1/(n+1) of it).
 
 Needs root and iproute2 (the testbed); elsewhere it says so in one line and exits 2. Run from the repository root:
 `python bench/bench_congestion.py [--json PATH]` (~6-7 min; `--arms status_quo cooperative` ~4 min). No timed
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=500)
     parser.add_argument("--step-delay-ms", type=float, default=250.0)
     parser.add_argument("--window", type=float, default=20.0, help="seconds per samples/s measurement")
-    parser.add_argument("--slowdown", type=float, default=TrialShape.slowdown,
+    parser.add_argument("--slowdown", type=float, default=3.0,
                         help="the congestion episode's (played as round(slowdown) - 1 bulk flows)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--json", type=Path, default=None)
