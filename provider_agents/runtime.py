@@ -207,7 +207,8 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         fleet.start()
         publisher.start()
         if control is not None:
-            launcher = _launcher(settings, options, nc, secret, control)
+            local_addr = source.layout.host(options.host).data_address if isinstance(source, TestbedSource) else None
+            launcher = _launcher(settings, options, nc, secret, control, local_addr=local_addr)
             tasks += _launcher_loops(launcher, fleet, options.host, stop)
         agent = Agent(
             AgentConfig(host=options.host, tick_s=options.tick_s, carbon_every=options.carbon_every),
@@ -289,7 +290,8 @@ async def _accept_injections(nc: Client, source: object, host: str) -> None:
 
 
 def _launcher(
-    settings: Settings, options: AgentOptions, nc: Client, secret: bytes, control: ControlPlane
+    settings: Settings, options: AgentOptions, nc: Client, secret: bytes, control: ControlPlane,
+    *, local_addr: str | None = None,
 ) -> NodeLauncher:
     rendezvous: list[KeyValue] = []
 
@@ -304,7 +306,7 @@ def _launcher(
         checkpoint_root=options.checkpoint_root or settings.data_dir / "checkpoints",
         cloud=cloud_id(secret, settings.data_dir),
         grace_s=options.grace_s,
-        local_addr=_testbed_data_address(options),
+        local_addr=local_addr,
     )
     return NodeLauncher(
         config,
@@ -313,12 +315,6 @@ def _launcher(
         on_progress=control.report_progress,
         on_failure=_failure_sink(control),
     )
-
-
-def _testbed_data_address(options: AgentOptions) -> str | None:
-    if options.testbed_layout is None:
-        return None
-    return TestbedLayout.load(options.testbed_layout).host(options.host).data_address
 
 
 def _failure_sink(control: ControlPlane) -> FailureSink:
