@@ -196,8 +196,13 @@ class FleetMonitor:
         except Exception as exc:
             log.warning("could not report host %s down to the control plane: %r", host, exc)
             return
-        state.reported_down = True
-        log.warning("host %s reported down; jobs shrunk: %s", host, ", ".join(shrunk) or "none")
+        if state.down:
+            state.reported_down = True
+            log.warning("host %s reported down; jobs shrunk: %s", host, ", ".join(shrunk) or "none")
+        else:  # a heartbeat came while the report was in flight: the control plane must hear it is back
+            state.report_up = True
+            log.warning("host %s reported down (jobs shrunk: %s) and came back meanwhile: reporting it up",
+                        host, ", ".join(shrunk) or "none")
 
     async def _report_recoveries(self) -> None:
         if self._reporter is None:

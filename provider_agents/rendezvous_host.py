@@ -99,7 +99,9 @@ class RendezvousHost:
             await self._forget_stale_keys()
         wanted = {(job.tenant, job.job) for assignment in fleet.values() for job in assignment.jobs if job.entrypoint}
         for key in sorted(wanted - set(self._stores)):
-            self._stores[key] = _start_store(self._bind_host)
+            # in a thread: the first store imports torch (seconds), which must not stall the fleet monitor's
+            # heartbeat checks sharing this event loop (a stall made a beating host look silent)
+            self._stores[key] = await asyncio.to_thread(_start_store, self._bind_host)
             endpoint = self.endpoint(*key)
             await self._kv.put(job_key(*key), (endpoint or "").encode())
             log.info("rendezvous store for %s/%s at %s", *key, endpoint)

@@ -91,10 +91,15 @@ class TenantProbe:
         if reply.status_code != 201:
             raise RuntimeError(f"submitting {job['id']} failed: {reply.status_code} {reply.text}")
 
-    async def progress(self, job: str) -> dict[str, Any] | None:
+    async def job_status(self, job: str) -> dict[str, Any]:
+        """`GET /v1/jobs/{job}/status`: phase, desired workers, epoch and the latest progress (or None)."""
         reply = await self.tenant.get(f"/v1/jobs/{job}/status")
         reply.raise_for_status()
-        progress: dict[str, Any] | None = reply.json()["progress"]
+        status: dict[str, Any] = reply.json()
+        return status
+
+    async def progress(self, job: str) -> dict[str, Any] | None:
+        progress: dict[str, Any] | None = (await self.job_status(job))["progress"]
         return progress
 
     async def wait_progress(
@@ -134,16 +139,17 @@ class TenantProbe:
                 return arrived
         return None
 
-    def start_controller(self, script: Path, job: str) -> subprocess.Popen[bytes]:
-        """`harmonaize controller run script` for `job`, as the tenant, logging to the cloud's logs dir."""
+    def start_controller(self, script: Path, job: str, *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """`harmonaize controller run script` for `job`, as the tenant, logging to the cloud's logs dir; `env` adds
+        the script's own settings (thresholds)."""
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.tenant_env, "HZ_JOB": job, "PYTHONUNBUFFERED": "1"}
+        full_env = {**os.environ, **self.tenant_env, **(env or {}), "HZ_JOB": job, "PYTHONUNBUFFERED": "1"}
         with open(logs / f"controller-{job}.log", "ab") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "harmonaize_cli", "controller", "run", str(script),
                  "--state-dir", str(self.data_dir / "controllers" / job)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
 
     @staticmethod

@@ -250,3 +250,36 @@ def test_the_agent_command_names_the_bad_scenario_field(agent_process_env: dict[
     )
     assert result.returncode == 2
     assert "congestion[0].slowdown" in result.stderr and "Traceback" not in result.stderr
+
+
+class _SlowReporter:
+    """A control plane whose down report is still in flight when the host's next heartbeat arrives."""
+
+    def __init__(self, monitor_ref: list[FleetMonitor], host: str) -> None:
+        self.monitor_ref, self.host = monitor_ref, host
+        self.calls: list[str] = []
+
+    async def report_host_down(self, host: str) -> list[str]:
+        self.calls.append(f"down {host}")
+        self.monitor_ref[0].observe_heartbeat(_beat(host, 99))  # the beat lands during the round trip
+        return []
+
+    async def report_host_up(self, host: str) -> None:
+        self.calls.append(f"up {host}")
+
+
+async def test_a_host_back_while_its_down_report_was_in_flight_is_reported_up() -> None:
+    clock = ManualClock(START)
+    ref: list[FleetMonitor] = []
+    reporter = _SlowReporter(ref, "h1")
+    monitor = FleetMonitor(desired=StaticDesiredState({"h1": assignment("h1", "g1", ("acme", "train"))}),
+                           sink=RecordingSink(), secret=SECRET, clock=clock, reporter=reporter)
+    ref.append(monitor)
+    monitor.observe_heartbeat(_beat("h1"))
+    clock.advance(HEARTBEAT_INTERVAL_S * MISSED_HEARTBEATS_FOR_FAILURE + 0.25)
+    await monitor.check()
+    assert monitor.is_up("h1")
+    assert reporter.calls == ["down h1", "up h1"], "the control plane must not keep a beating host down"
+    clock.advance(HEARTBEAT_INTERVAL_S * MISSED_HEARTBEATS_FOR_FAILURE + 0.25)
+    await monitor.check()
+    assert reporter.calls[2] == "down h1", "a later outage is reported again"
