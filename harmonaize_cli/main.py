@@ -42,8 +42,8 @@ lazy_command(app, "fleet-monitor", "provider_agents.cli:fleet_monitor",
              help="Run the provider's central loops: fleet monitor (outages), rendezvous stores, micro loop "
                   "(directives).")
 lazy_command(app, "eval", "harmonaize_cli.evaluation.command:eval_command",
-             help="Measure what cooperation buys: each scenario with the status quo and with HarmonAIze on the same "
-                  "seed, inputs and machine; writes report.md, PNG plots and results.json.")
+             help="Measure what cooperation buys: each scenario with the status quo and with HarmonAIze; report, "
+                  "plots, JSON.")
 app.add_typer(db_app, name="db")
 app.add_typer(tenants_app, name="tenants")
 lazy_group(app, "controller", "tenant_controllers.cli:app",

@@ -42,8 +42,7 @@ def eval_command(
     ] = 50.0,
     seed: Annotated[int, typer.Option(help="The first seed (runs use seed, seed+1, ...).", min=0)] = 0,
 ) -> None:
-    """Measure what cooperation buys: each scenario with the status quo and with HarmonAIze on the same seed, inputs
-    and machine; writes report.md, PNG plots and results.json."""
+    """Measure what cooperation buys: each scenario with the status quo and with HarmonAIze; report, plots, JSON."""
     from harmonaize_cli.evaluation.run import GROUPS, EvalOptions, run_evaluation
 
     chosen = frozenset(only) if only else frozenset(GROUPS)
