@@ -27,7 +27,7 @@ REPARTITION_ARM = ("no compression allowed; the tenant's congestion repartitione
 
 
 async def congestion_scenario(ctx: EvalContext) -> ScenarioResult:
-    shape = TrialShape(slowdown=3.0)
+    shape = TrialShape()
     if ctx.quick:
         shape = replace(shape, window_s=QUICK_WINDOW_S)
     arms = dict(ARMS) if ctx.quick else {**ARMS, REPARTITION: REPARTITION_ARM}
