@@ -100,7 +100,8 @@ def create_app(
                 tasks.append(asyncio.create_task(relay.run(), name="hz-outbox-relay"))
             tasks.append(
                 asyncio.create_task(
-                    run_sweeper(sessionmaker, clock=runtime.clock, interval=runtime.sweep_interval_s, on_change=wake),
+                    run_sweeper(sessionmaker, clock=runtime.clock, interval=runtime.sweep_interval_s,
+                                secret=secret, on_change=wake),
                     name="hz-negotiation-sweeper",
                 )
             )

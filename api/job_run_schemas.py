@@ -8,7 +8,8 @@ from typing import Self
 
 from pydantic import BaseModel, Field
 
-from api.models import JobDirective, JobTimelineEntry
+from api.models import JobDirective
+from api.models_job_runs import JobTimelineEntry
 from api.models_node_failures import JobNodeFailure
 from api.schemas import MAX_INT, MAX_POWERSGD_RANK, _Body
 from harmonaize.events import FailureKind

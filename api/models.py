@@ -23,7 +23,6 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Enum,
-    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -39,7 +38,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from harmonaize.desired_state import RestartMode
-from harmonaize.job_runtime import EpochChange
 from harmonaize.jobs import DirectiveState, JobPhase, ParallelPlan
 from harmonaize.negotiation import Actor, NegotiationKind, NegotiationState, RoundAction
 
@@ -146,6 +144,7 @@ class Job(Base):
             name="batch_size_both_or_neither",
         ),
         *_range_checks("grad_accumulation"),
+        CheckConstraint("global_batch IS NULL OR global_batch >= 1", name="global_batch_positive"),
         CheckConstraint(
             "powersgd_max_rank IS NULL OR powersgd_max_rank >= 1", name="powersgd_max_rank_positive"
         ),
@@ -172,6 +171,9 @@ class Job(Base):
     batch_size_max: Mapped[int | None] = mapped_column(Integer, default=None)
     grad_accumulation_min: Mapped[int] = mapped_column(Integer)
     grad_accumulation_max: Mapped[int] = mapped_column(Integer)
+    global_batch: Mapped[int | None] = mapped_column(Integer, default=None)
+    capacity_digest: Mapped[str | None] = mapped_column(String(64), default=None)
+    """Of the last capacity event its tenant was sent (`api.services.capacity_events`); None: none yet."""
     desired_workers: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     allocated_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     entrypoint: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
@@ -208,6 +210,8 @@ class Host(Base):
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     assigned_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
     down_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    up_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    """When it was last reported back up after an outage: a job's quarantine of the host ends there."""
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
@@ -354,47 +358,6 @@ class JobDirective(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
-class JobStatus(Base):
-    """The latest progress a running job reported (one row per job), as its global rank 0 wrote it."""
-
-    __tablename__ = "job_status"
-    __table_args__ = (
-        PrimaryKeyConstraint("tenant_id", "job_id"),
-        ForeignKeyConstraint(["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"),
-    )
-
-    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    epoch: Mapped[int] = mapped_column(Integer)
-    step: Mapped[int] = mapped_column(Integer)
-    world_size: Mapped[int] = mapped_column(Integer)
-    progress: Mapped[dict[str, object]] = mapped_column(JSON)
-    reported_at: Mapped[datetime] = mapped_column(UtcDateTime())
-
-
-class JobTimelineEntry(Base):
-    """A shape the job actually ran in: from `step` on, at `world_size` with `parallel_plan` (epoch `epoch`)."""
-
-    __tablename__ = "job_timeline"
-    __table_args__ = (
-        ForeignKeyConstraint(["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"),
-        Index("ix_job_timeline_tenant_id_job_id_id", "tenant_id", "job_id", "id"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    epoch: Mapped[int] = mapped_column(Integer)
-    world_size: Mapped[int] = mapped_column(Integer)
-    parallel_plan: Mapped[ParallelPlan] = mapped_column(_enum(ParallelPlan, "parallel_plan", 8))
-    step: Mapped[int] = mapped_column(Integer)
-    resumed_from_step: Mapped[int | None] = mapped_column(Integer, default=None)
-    change: Mapped[EpochChange | None] = mapped_column(_enum(EpochChange, "epoch_change", 16), default=None)
-    """How the job got into this shape (fresh, checkpoint, in_place); None in rows from before it was reported."""
-    pause_s: Mapped[float | None] = mapped_column(Float, default=None)
-    """How long the job stood still for the change (`JobProgress.pause_s`)."""
-    at: Mapped[datetime] = mapped_column(UtcDateTime())
-
-
+import api.models_job_runs  # noqa: E402,F401  (the same)
 import api.models_node_failures  # noqa: E402,F401  (its table, on the same metadata; a module of its own for size)
 import api.models_standby  # noqa: E402,F401  (the same)

@@ -27,10 +27,11 @@ from pydantic_core import PydanticCustomError
 from api.models import Job
 from broker_config.streams import ACK_WAIT_BOUNDS_S, ACK_WAIT_S
 from harmonaize.events import EventKind
+from harmonaize.global_batch import inexact_worlds
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
 from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.negotiation import MAX_OPTIONS
-from harmonaize.ranges import IntRange, check_ordered
+from harmonaize.ranges import MAX_RANGE_VALUE, IntRange, check_ordered
 from harmonaize.rest import MAX_POWERSGD_RANK as MAX_POWERSGD_RANK  # bounds job_run_schemas too
 from harmonaize.rest import GradientCompression, JobPublic
 
@@ -115,6 +116,12 @@ class JobCreate(_Body):
     gradient_compression: GradientCompression = Field(default_factory=GradientCompression)
     batch_size: IntRange | None = Field(default=None, description="Absent: the provider may not change it.")
     gradient_accumulation: IntRange = Field(default_factory=lambda: IntRange(min=1, max=1))
+    global_batch: int | None = Field(
+        default=None, ge=1, le=MAX_RANGE_VALUE,
+        description="Samples per optimizer step to keep at every world size: the job splits it into batch_size x "
+        "gradient_accumulation x workers within the two ranges (needs a batch_size range; an exact split must "
+        "exist at min_workers and max_workers). Absent: a resize changes the global batch.",
+    )
     initial_workers: int | None = Field(
         default=None, ge=1, le=MAX_WORKERS, description="Place this many workers now (all or 409); absent: not placed."
     )
@@ -135,7 +142,32 @@ class JobCreate(_Body):
                 {"field": "initial_workers", "initial": self.initial_workers, "low": self.min_workers,
                  "high": self.max_workers},
             )
+        self._global_batch_splits()
         return self
+
+    def _global_batch_splits(self) -> None:
+        """A global batch is a promise at every size the provider may pick: refuse one that cannot be kept exactly
+        at either end of the worker range (sizes in between get the nearest split, which the job logs)."""
+        if self.global_batch is None:
+            return
+        if self.batch_size is None:
+            raise PydanticCustomError(
+                "global_batch_needs_batch_size",
+                "global_batch needs a batch_size range (min == max pins the per-rank batch)",
+                {"field": "global_batch"},
+            )
+        ends = sorted({self.min_workers, self.max_workers})
+        missing = [world for world in ends if inexact_worlds(
+            self.global_batch, worlds=range(world, world + 1), batch_size=self.batch_size,
+            gradient_accumulation=self.gradient_accumulation)]
+        if missing:
+            raise PydanticCustomError(
+                "global_batch_split",
+                "global_batch {global_batch} has no split batch_size x gradient_accumulation x workers within the "
+                "ranges at {worlds} worker(s)",
+                {"field": "global_batch", "global_batch": self.global_batch,
+                 "worlds": " and ".join(str(world) for world in missing)},
+            )
 
 
 def job_public(job: Job) -> JobPublic:
@@ -161,6 +193,7 @@ def job_public(job: Job) -> JobPublic:
             else IntRange(min=job.batch_size_min, max=job.batch_size_max)
         ),
         gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
+        global_batch=job.global_batch,
         entrypoint=list(job.entrypoint or ()),
         placement_epoch=job.placement_epoch,
         created_at=job.created_at,

@@ -27,13 +27,13 @@ import tempfile
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harmonaize.ids import JobId, TenantId
 from harmonaize.jobs import Compression, DirectiveState, ParallelPlan
-from harmonaize.ranges import IntRange
+from harmonaize.ranges import MAX_RANGE_VALUE, IntRange
 
 __all__ = [
     "CONTROL_DIRECTIVES_FILE",
@@ -91,6 +91,15 @@ class JobRanges(_Model):
     batch_size: IntRange | None = None
     """Per rank and per micro-batch; None: the provider may not change it."""
     gradient_accumulation: IntRange = IntRange(min=1, max=1)
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_RANGE_VALUE)
+    """Samples per optimizer step the tenant wants kept whatever the world size (`harmonaize.global_batch`); the
+    runtime then derives batch size and accumulation itself, and directives may not set them."""
+
+    @model_validator(mode="after")
+    def _global_batch_needs_a_batch_range(self) -> Self:
+        if self.global_batch is not None and self.batch_size is None:
+            raise ValueError("global_batch needs a batch_size range (min == max pins the per-rank batch)")
+        return self
 
 
 class Directives(_Model):
@@ -130,6 +139,12 @@ def violations(ranges: JobRanges, directives: Directives) -> list[str]:
             problems.append(f"powersgd_rank {rank} is above the allowed maximum {ranges.powersgd_max_rank}")
     elif directives.powersgd_rank is not None:
         problems.append("powersgd_rank is only meaningful with compression 'powersgd'")
+    if ranges.global_batch is not None and (directives.batch_size, directives.gradient_accumulation) != (None, None):
+        problems.append(
+            f"batch_size and gradient_accumulation follow the global batch the tenant fixed ({ranges.global_batch} "
+            "samples per step): the job derives them from its world size"
+        )
+        return problems
     if directives.batch_size is not None:
         if ranges.batch_size is None:
             problems.append("batch_size may not be changed: the tenant declared no batch_size range")

@@ -28,6 +28,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
@@ -39,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
+from harmonaize.global_batch import plan_global_batch
 from harmonaize.job_runtime import (
     DirectiveOutcome,
     Directives,
@@ -585,7 +587,20 @@ class TrainingRun:
         runnable, reason = with_compression_possible(settings, self.parallel.used)
         if reason:
             self._warn("%s", reason)
-        return runnable
+        return self._keep_global_batch(runnable)
+
+    def _keep_global_batch(self, settings: Settings) -> Settings:
+        """`settings` with batch size and accumulation split from the tenant's global batch for the world size now
+        (unchanged when the tenant fixed none): the samples per optimizer step survive every resize."""
+        ranges = self.config.ranges
+        if ranges.global_batch is None or ranges.batch_size is None:
+            return settings
+        plan = plan_global_batch(ranges.global_batch, world=self.world_size, batch_size=ranges.batch_size,
+                                 gradient_accumulation=ranges.gradient_accumulation)
+        split = (plan.batch_size, plan.gradient_accumulation)
+        if split != (self.settings.batch_size, self.settings.gradient_accumulation):
+            (self._info if plan.exact else self._warn)("%s", plan.describe())
+        return replace(settings, batch_size=plan.batch_size, gradient_accumulation=plan.gradient_accumulation)
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
@@ -738,6 +753,7 @@ class TrainingRun:
         self._heal(formation)
         self._ckpt = self._checkpoint_io()
         self._bind_model()
+        self.settings = self._runnable(self.settings)
         self._rank_helpers(self._progress.outcomes)
         pause = time.monotonic() - began
         self._epoch_step, self._change_kind, self._pause_s = self._step, EpochChange.IN_PLACE, pause

@@ -137,6 +137,6 @@ async def report_host_down(
 
 
 @router.post("/provider/hosts/{host_id}/up")
-async def report_host_up(host_id: HostId, _admin: AdminDep, session: SessionDep) -> HostPublic:
+async def report_host_up(host_id: HostId, _admin: AdminDep, session: SessionDep, now: NowDep) -> HostPublic:
     """The host is back: it may take placements again (idempotent)."""
-    return HostPublic.from_model(await host_outages.mark_host_up(session, host_id))
+    return HostPublic.from_model(await host_outages.mark_host_up(session, host_id, now=now))

@@ -58,6 +58,7 @@ def job_ranges(job: Job) -> JobRanges:
             else IntRange(min=job.batch_size_min, max=job.batch_size_max)
         ),
         gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
+        global_batch=job.global_batch,
     )
 
 

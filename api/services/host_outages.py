@@ -63,12 +63,15 @@ async def mark_host_down(session: AsyncSession, host_id: str, *, now: datetime) 
         raise
 
 
-async def mark_host_up(session: AsyncSession, host_id: str) -> Host:
-    """Let the host take placements again (nothing returns to it by itself: tenants negotiate for capacity)."""
+async def mark_host_up(session: AsyncSession, host_id: str, *, now: datetime) -> Host:
+    """Let the host take placements again (nothing returns to it by itself: tenants negotiate for capacity, and
+    learn of it from their jobs' capacity events). A host back from an outage is a repaired one: jobs that moved
+    off it before it went down may return (`worker_replacement.avoided_hosts`)."""
     host = await session.get(Host, host_id)
     if host is None:
         raise NotFoundError(f"no host {host_id!r}")
     if host.down_at is not None:
         host.down_at = None
+        host.up_at = now
         await session.commit()
     return host

@@ -15,7 +15,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.models import Job, JobStatus, JobTimelineEntry
+from api.models import Job
+from api.models_job_runs import JobStatus, JobTimelineEntry
 from api.services.errors import NotFoundError
 from api.services.job_directives import record_outcome
 from api.services.job_lifecycle import JobEvent, advance

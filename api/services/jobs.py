@@ -49,6 +49,7 @@ async def create_job(
         batch_size_max=spec.batch_size.max if spec.batch_size else None,
         grad_accumulation_min=spec.gradient_accumulation.min,
         grad_accumulation_max=spec.gradient_accumulation.max,
+        global_batch=spec.global_batch,
         desired_workers=0,
         allocated_gpus=0,
         entrypoint=list(spec.entrypoint),

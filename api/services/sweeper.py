@@ -1,10 +1,10 @@
 """The background sweeper: time-driven changes nobody asks for, applied by the control plane itself.
 
-Two things happen because time passes, not because of a request: an offer's expiry passes (the negotiation becomes
-expired and the tenant's feed says so), and capacity reserved for a later start reaches its start (the hosts'
-desired state must now include those workers). Both are level-triggered queries over the database, so a sweeper
-that was down simply catches up; both are also safe alongside lazy expiry on reads and other API processes
-(guarded updates decide races).
+Things happen because time passes, not because of a request: an offer's expiry passes (the negotiation becomes
+expired and the tenant's feed says so), capacity reserved for a later start reaches its start (the hosts' desired
+state must now include those workers), and what a job could grow into changes (its tenant gets a capacity event:
+`capacity_events`). All are level-triggered queries over the database, so a sweeper that was down simply catches
+up; all are also safe alongside lazy expiry on reads and other API processes (guarded updates decide races).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from api.services.capacity_events import publish_capacity_changes
 from api.services.host_assignments import announce_due_reservations
 from api.services.negotiation_history import SWEEP_BATCH, expire_due
 
@@ -41,12 +42,16 @@ async def run_sweeper(
     *,
     clock: Callable[[], datetime],
     interval: float,
+    secret: bytes,
     on_change: Callable[[], None] = lambda: None,
 ) -> None:
     """Sweep every `interval` seconds until cancelled; `on_change` (e.g. waking the outbox relay) after changes."""
     while True:
         try:
-            if await sweep_once(sessionmaker, now=clock()):
+            changes = await sweep_once(sessionmaker, now=clock())
+            async with sessionmaker() as session:
+                changes += await publish_capacity_changes(session, secret=secret, now=clock())
+            if changes:
                 on_change()
         except Exception as exc:  # a database hiccup must not end the loop
             _log.warning("negotiation sweep failed: %r", exc)

@@ -13,7 +13,9 @@ replaced one, never a down one), or the job's most recent remaining workers are 
 
 Afterwards the job stays off the hosts it replaced for `QUARANTINE` (`avoided_hosts`, derived from its accepted
 negotiations): otherwise its next growth request lands on the very slot the replacement freed, on a host still
-failing, and two controllers (a failure guard and a carbon scaler) move a worker on and off it every second.
+failing, and two controllers (a failure guard and a carbon scaler) move a worker on and off it every second. A host
+that went down after the move and was reported back up since is repaired (or its maintenance is over), and ends
+the quarantine early: a job that left a host ahead of announced maintenance may grow back onto it afterwards.
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ async def resolve(
 
 
 async def avoided_hosts(session: AsyncSession, job: Job, *, secret: bytes, now: datetime) -> frozenset[str]:
-    """The hosts the job replaced in an accepted negotiation within `QUARANTINE` (internal ids)."""
+    """The hosts the job replaced in an accepted negotiation within `QUARANTINE` and that were not reported back up
+    after an outage since (internal ids)."""
     rows = await session.execute(
-        select(Negotiation.offer, Negotiation.accepted_option).where(
+        select(Negotiation.offer, Negotiation.accepted_option, Negotiation.updated_at).where(
             Negotiation.tenant_id == job.tenant_id,
             Negotiation.job_id == job.id,
             Negotiation.kind == NegotiationKind.SCALE,
@@ -78,16 +81,22 @@ async def avoided_hosts(session: AsyncSession, job: Job, *, secret: bytes, now: 
             Negotiation.updated_at >= now - QUARANTINE,
         )
     )
-    names: set[str] = set()
-    for offer, index in rows:
+    left_at: dict[str, datetime] = {}
+    for offer, index, accepted_at in rows:
         # The stored offer is an `Offer` dumped to JSON: its options are dicts (read raw, not re-validated per row).
         options = cast("list[dict[str, Any]]", (offer or {}).get("options") or [])
         if index is not None and 0 <= index < len(options):
-            names.update(options[index].get("replaced_hosts") or ())
-    if not names:
+            for name in options[index].get("replaced_hosts") or ():
+                left_at[name] = max(accepted_at, left_at.get(name, accepted_at))
+    if not left_at:
         return frozenset()
-    hosts = await session.scalars(select(Host.id))
-    return frozenset(host for host in hosts if host_pseudonym(secret, job.tenant_id, host) in names)
+    hosts = await session.execute(select(Host.id, Host.up_at))
+    avoided = set()
+    for host, up_at in hosts:
+        left = left_at.get(host_pseudonym(secret, job.tenant_id, host))
+        if left is not None and (up_at is None or up_at <= left):
+            avoided.add(host)
+    return frozenset(avoided)
 
 
 async def move_workers(

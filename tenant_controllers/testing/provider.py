@@ -112,7 +112,7 @@ class FakeProvider:
             id=job_id, name=job_id, min_workers=min_workers, max_workers=max_workers, gpus_per_worker=1,
             parallel_plan=ParallelPlan(plan), desired_workers=desired,
             checkpoint_interval_steps=IntRange(min=100, max=1000), gradient_compression=GradientCompression(),
-            batch_size=None, gradient_accumulation=IntRange(min=1, max=1),
+            batch_size=None, gradient_accumulation=IntRange(min=1, max=1), global_batch=None,
             entrypoint=[], placement_epoch=0, created_at=datetime.now(UTC),
         ).model_dump(mode="json")
         self.capacity[job_id] = max_workers if capacity is None else capacity

@@ -86,6 +86,10 @@ JOB_BODY_CASES: list[tuple[dict[str, object], str, list[str]]] = [
     ({"name": "nul\u0000byte"}, "body.name", []),
     ({"name": "x" * 201}, "body.name", []),
     ({"min_worker": 1}, "body.min_worker", []),
+    ({"global_batch": 0}, "body.global_batch", []),
+    ({"global_batch": 256, "batch_size": None}, "body.global_batch", ["batch_size"]),
+    ({"global_batch": 100, "min_workers": 3, "max_workers": 4}, "body.global_batch", ["at 3 worker(s)"]),
+    ({"global_batch": 16, "max_workers": 4}, "body.global_batch", ["at 4 worker(s)"]),
 ]
 """(fields to override in a valid job, the field the 422 must name, words its message must contain)"""
 
@@ -112,10 +116,12 @@ async def test_valid_job_round_trips(client: httpx.AsyncClient, acme: TenantHand
         checkpoint_interval_steps={"min": 50, "max": 500},
         gradient_compression={"allowed": ["powersgd", "none", "powersgd"], "powersgd_max_rank": 8},
         gradient_accumulation={"min": 1, "max": 4},
+        global_batch=256,
     )
     created = await client.post("/v1/jobs", json=body, headers=acme.headers)
     assert created.status_code == 201, created.text
     job = created.json()
+    assert job["global_batch"] == 256
     assert job["gradient_compression"] == {"allowed": ["none", "powersgd"], "powersgd_max_rank": 8}
     assert job["parallel_plan"] == "hsdp"
     assert job["batch_size"] == {"min": 16, "max": 64}
@@ -131,6 +137,7 @@ async def test_minimal_job_is_accepted(client: httpx.AsyncClient, acme: TenantHa
     job = created.json()
     assert job["batch_size"] is None
     assert job["gradient_accumulation"] == {"min": 1, "max": 1}
+    assert job["global_batch"] is None
     assert job["gradient_compression"] == {"allowed": ["none"], "powersgd_max_rank": None}
     assert (await client.get("/v1/jobs/llm-finetune", headers=acme.headers)).json() == job
 

@@ -4,7 +4,7 @@ The tenant keeps its size after a failure (or a predicted one) and names the hos
 (`replace_hosts`, the tenant's pseudonym): the provider offers the worker on a healthy host where there is room and
 says so, drops it when the tenant's range allows and there is none, declines otherwise; the accepted option commits
 the ledger (failing host out, healthy host in), a new epoch on the new host set, and the job's status shows it; the
-job is not placed back on that host until the quarantine ends.
+job is not placed back on that host until the quarantine ends, or until the host was down and came back up.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from api.services.worker_replacement import QUARANTINE
 from harmonaize.desired_state import HostAssignment
 from harmonaize.negotiation import RoundAction
 from harmonaize.pseudonyms import host_pseudonym
-from tests.api.api_testkit import PROVIDER_SECRET, FakeClock, TenantHandle, create_host, create_job, field_names
+from tests.api.api_testkit import ADMIN, PROVIDER_SECRET, FakeClock, TenantHandle, create_host, create_job, field_names
 from tests.api.negotiation_kit import act, ledger_totals, negotiate, outbox
 
 INTERNAL_HOST = re.compile(r"\bh[1-3]\b")
@@ -119,6 +119,30 @@ async def test_the_job_is_not_placed_back_on_the_host_it_replaced_until_the_quar
     later = await negotiate(client, placed, "train", key="later", desired_workers=3)
     assert only_option(later)["workers"] == 3
     assert (await act(client, placed, later["id"], RoundAction.ACCEPT)).status_code == 200
+    assert await hosts_of(app, "train") == ["h1", "h2", "h3"]
+
+
+async def test_a_host_back_up_after_an_outage_ends_the_quarantine(
+    app: FastAPI, client: httpx.AsyncClient, placed: TenantHandle, clock: FakeClock
+) -> None:
+    """Maintenance announced ahead: the tenant moves off h1, the provider takes h1 down, then reports it back up.
+    Only the outage after the move ends the quarantine: an up report alone (h1 was never down) does not."""
+    moved = await negotiate(client, placed, "train", key="move", desired_workers=2,
+                            replace_hosts=[seen_as(placed, "h1")])
+    assert (await act(client, placed, moved["id"], RoundAction.ACCEPT)).status_code == 200
+    assert (await client.post("/v1/provider/hosts/h1/up", headers=ADMIN)).status_code == 200
+    still = await negotiate(client, placed, "train", key="still", desired_workers=3)
+    assert still["state"] == "declined", "h1 was never down: an up report is no repair"
+    clock.advance(seconds=5)
+    assert (await client.post("/v1/provider/hosts/h1/down", headers=ADMIN)).status_code == 200
+    declined = await negotiate(client, placed, "train", key="down", desired_workers=3)
+    assert declined["state"] == "declined", "h1 is down"
+    clock.advance(seconds=30)
+    up = await client.post("/v1/provider/hosts/h1/up", headers=ADMIN)
+    assert up.status_code == 200 and up.json()["down_at"] is None
+    back = await negotiate(client, placed, "train", key="back", desired_workers=3)
+    assert only_option(back)["workers"] == 3
+    assert (await act(client, placed, back["id"], RoundAction.ACCEPT)).status_code == 200
     assert await hosts_of(app, "train") == ["h1", "h2", "h3"]
 
 
