@@ -20,6 +20,7 @@ from nats.js.api import ConsumerInfo
 from api.app import create_app
 from api.migrate import upgrade_async
 from api.serving import serve_api
+from broker_config.provider_bus import NatsProviderBus
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import tenant_stream_name
 from broker_config.server import NatsServer
@@ -102,9 +103,12 @@ async def live_cloud(
     nats_server: NatsServer,
     tenant_broker: NatsTenantBroker,
     provider_secret: bytes,
+    relay: bool = False,
     **app_options: Any,
 ) -> AsyncIterator[LiveCloud]:
-    """`app_options` go to `create_app` (e.g. the negotiation options of the provider under test)."""
+    """`app_options` go to `create_app` (e.g. the negotiation options of the provider under test). `relay`: the API
+    publishes its outbox to the broker (its own events, such as capacity, reach the tenant); otherwise only what a
+    test publishes does."""
     settings = Settings(
         _env_file=None,
         data_dir=data_dir,
@@ -113,7 +117,8 @@ async def live_cloud(
         nats_url=nats_server.url,
     )
     await upgrade_async(settings)
-    app = create_app(settings, broker=tenant_broker, **app_options)
+    bus = NatsProviderBus([nats_server.url], provider_secret=provider_secret) if relay else None
+    app = create_app(settings, broker=tenant_broker, bus=bus, **app_options)
     serving = await serve_api(app, host="127.0.0.1", port=0)
     try:
         api_url = f"http://127.0.0.1:{serving.port}"
@@ -142,3 +147,5 @@ async def live_cloud(
                     await provider.close()
     finally:
         await serving.stop()
+        if bus is not None:
+            await bus.close()

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from harmonaize.events import (
+    Capacity,
     CarbonIntensity,
     CloudEvent,
     Congestion,
@@ -16,6 +17,10 @@ from harmonaize.events import (
     CongestionScope,
     Failure,
     FailureKind,
+    Maintenance,
+    MaintenanceKind,
+    MaintenanceStatus,
+    MaintenanceWindow,
     Severity,
     make_event,
 )
@@ -62,6 +67,27 @@ def congestion(
     data = Congestion(level=level, slowdown=slowdown, scope=scope, groups=groups, since=when)
     return make_event(data, source="/hz/provider/network", subject=job, time=when)
 
+
+
+def capacity(max_workers: int, *, job: str = "llm-finetune", at: datetime | None = None) -> CloudEvent[Capacity]:
+    when = at or T0
+    data = Capacity(max_workers=max_workers, as_of=when)
+    return make_event(data, source="/hz/provider/control-plane", subject=job, time=when)
+
+
+def maintenance(
+    kind: MaintenanceKind = MaintenanceKind.PREEMPT,
+    *,
+    job: str = "llm-finetune",
+    hosts: tuple[str, ...] = (HOST,),
+    lead: timedelta = timedelta(seconds=30),
+    status: MaintenanceStatus = MaintenanceStatus.SCHEDULED,
+    at: datetime | None = None,
+) -> CloudEvent[Maintenance]:
+    when = at or T0
+    window = MaintenanceWindow(not_before=when + lead, not_after=when + lead + timedelta(minutes=10))
+    data = Maintenance(notice_id="n-1", kind=kind, status=status, window=window, hosts=hosts)
+    return make_event(data, source="/hz/provider/agent", subject=job, time=when)
 
 @asynccontextmanager
 async def running(

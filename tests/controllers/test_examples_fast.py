@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import tenant_controllers.examples
-from harmonaize.events import CongestionLevel, CongestionScope, FailureKind
+from harmonaize.events import CongestionLevel, CongestionScope, FailureKind, MaintenanceKind, MaintenanceStatus
 from harmonaize.negotiation import NegotiationKind, NegotiationState
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.memory import MemoryBroker, MemoryEventSource
 from tenant_controllers.runner import load_controllers
 from tenant_controllers.store import HandledStore
 from tests.controllers.fake_provider import FakeProvider
-from tests.controllers.support import T0, carbon, congestion, failure, running
+from tests.controllers.support import HOST, T0, capacity, carbon, congestion, failure, maintenance, running
 from tests.support import eventually
 
 EXAMPLES = Path(tenant_controllers.examples.__file__).parent
@@ -85,3 +85,30 @@ async def test_congestion_repartitioner_switches_to_hsdp_and_back_with_hysteresi
         await eventually(lambda: runtime.stats.handled == 3, what="three inter-group events handled")
     assert [(n["kind"], n["terms"]["parallel_plan"], n["state"]) for n in negotiations(provider)] == [
         ("repartition", "hsdp", "accepted"), ("repartition", "ddp", "accepted")]
+
+
+async def test_capacity_scaler_grows_into_capacity_and_leaves_hosts_ahead_of_their_maintenance(
+    provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
+) -> None:
+    provider.capacity["llm-finetune"] = 3
+    [ctl] = load_controllers(EXAMPLES / "capacity_scaler.py")
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(capacity(2, at=T0))
+        bus.publish(capacity(3, at=T0 + timedelta(seconds=1)))
+        await eventually(lambda: provider.jobs["llm-finetune"]["desired_workers"] == 3, what="grown to 3")
+        bus.publish(maintenance(MaintenanceKind.LIVE_MIGRATE, at=T0 + timedelta(seconds=2)))
+        bus.publish(maintenance(status=MaintenanceStatus.STARTED, at=T0 + timedelta(seconds=3)))
+        provider.capacity["llm-finetune"] = 2
+        notice = maintenance(at=T0 + timedelta(seconds=4))
+        bus.publish(notice)
+        await eventually(lambda: provider.jobs["llm-finetune"]["desired_workers"] == 2, what="left the host")
+        await eventually(lambda: runtime.stats.handled == 3, what="capacity twice and the preemption handled")
+    grow, leave = negotiations(provider)
+    assert grow["terms"] == {"desired_workers": 3, "accept_workers": {"min": 3, "max": 3}, "constraints": {}}
+    assert leave["terms"]["desired_workers"] == 3 and leave["terms"]["accept_workers"] == {"min": 1, "max": 3}
+    assert leave["terms"]["replace_hosts"] == [HOST], "the hosts under maintenance, by the notice's names"
+    not_before = notice.data.window.not_before
+    assert leave["terms"]["constraints"]["deadline"].startswith(not_before.isoformat().replace("+00:00", ""))
+    outcomes = [r.outcome for r in store.records()]
+    assert "keep 2 workers (room for 2)" in outcomes and "grew to 3 workers" in outcomes
+    assert outcomes[-1] == "left 1 host(s) ahead of preempt: 2 workers"

@@ -23,7 +23,7 @@ from broker_config.server import NatsServer
 from harmonaize.events import CongestionLevel, FailureKind
 from tenant_controllers.runner import Credentials, load_controllers, run_controllers
 from tests.controllers.live_cloud import LiveCloud, live_cloud
-from tests.controllers.support import T0, carbon, congestion, failure
+from tests.controllers.support import T0, carbon, congestion, failure, maintenance
 from tests.support import eventually
 
 EXAMPLES = Path(tenant_controllers.examples.__file__).parent
@@ -121,6 +121,46 @@ async def test_failure_guard_negotiates_a_replacement_before_the_predicted_failu
     assert (await job_state(placed))["desired_workers"] == 2
     moved = (await placed.tenant_client.get("/v1/jobs/llm-finetune/allocations")).json()
     assert len(moved) == 2 and host not in {a["host"] for a in moved}, "both workers left the host predicted to fail"
+
+
+@pytest.fixture
+async def relayed(
+    tmp_path: Path, nats_server: NatsServer, tenant_broker: NatsTenantBroker, provider_secret: bytes
+) -> AsyncIterator[LiveCloud]:
+    """`placed`, with the API's outbox relayed to the broker."""
+    async with live_cloud(
+        tmp_path / "hz", nats_server=nats_server, tenant_broker=tenant_broker, provider_secret=provider_secret,
+        relay=True,
+    ) as cloud:
+        await cloud.add_host("h1", gpus=4, group="rack-a")
+        await cloud.add_host("h2", gpus=4, group="rack-b")
+        await cloud.create_job("llm-finetune", min_workers=1, max_workers=4, initial_workers=2)
+        yield cloud
+
+
+async def test_capacity_scaler_grows_on_the_control_planes_capacity_event_and_leaves_a_host_before_maintenance(
+    relayed: LiveCloud, tmp_path: Path
+) -> None:
+    """Nothing is published by the test for the growth: the API's own capacity event says the job has room for 4."""
+    placed = relayed
+    async with example_running(placed, "capacity_scaler", tmp_path / "state"):
+        await eventually(lambda: _workers_are(placed, 4), timeout=15, what="grown to 4 on the capacity event")
+        allocations = (await placed.tenant_client.get("/v1/jobs/llm-finetune/allocations")).json()
+        hosts = sorted({a["host"] for a in allocations})
+        notice = maintenance(hosts=(hosts[0],), at=datetime.now(T0.tzinfo), lead=timedelta(seconds=30))
+        await placed.publish(notice)
+        await eventually(lambda: _off_host(placed, hosts[0]), timeout=15, what="every worker off the host")
+    leave, grow = await placed.negotiations(job="llm-finetune")  # newest first
+    assert (grow["state"], grow["terms"]["accept_workers"], grow["accepted_option"]["workers"]) == (
+        "accepted", {"min": 3, "max": 4}, 4)
+    assert (leave["state"], leave["terms"]["replace_hosts"]) == ("accepted", [hosts[0]])
+    assert leave["terms"]["constraints"]["deadline"] is not None
+    assert (await job_state(placed))["desired_workers"] == 4, "the other host had room: the size was kept"
+
+
+async def _off_host(cloud: LiveCloud, host: str) -> bool:
+    allocations = (await cloud.tenant_client.get("/v1/jobs/llm-finetune/allocations")).json()
+    return bool(allocations) and host not in {a["host"] for a in allocations}
 
 
 async def test_congestion_repartitioner_switches_to_hsdp_and_back(placed: LiveCloud, tmp_path: Path) -> None:
