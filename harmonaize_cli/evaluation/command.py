@@ -26,7 +26,7 @@ def eval_command(
     ] = None,
     only: Annotated[
         list[str] | None,
-        typer.Option(help="Run only these parts (repeatable): cluster, carbon, congestion, reliability."),
+        typer.Option(help="Run only these parts (repeatable): cluster, carbon, congestion, adaptation, reliability."),
     ] = None,
     elastic_json: Annotated[
         Path | None,

@@ -23,7 +23,7 @@ from harmonaize_cli.evaluation.runtime.cloud import RuntimeScenario, run_runtime
 
 __all__ = ["GROUPS", "EvalOptions", "run_evaluation"]
 
-GROUPS = ("cluster", "carbon", "congestion", "reliability")
+GROUPS = ("cluster", "carbon", "congestion", "adaptation", "reliability")
 """What `--only` selects: the cluster simulation (O3, O5 at scale) and each runtime scenario."""
 
 PlotFn = Callable[[ScenarioResult, Path], list[str]]
@@ -65,6 +65,11 @@ def _runtime_scenarios(only: frozenset[str]) -> tuple[list[tuple[str, RuntimeSce
 
         scenarios.append((congestion.KEY, congestion.congestion_scenario))
         plots[congestion.KEY] = congestion.plot_congestion
+    if "adaptation" in only:
+        from harmonaize_cli.evaluation.runtime import adaptation
+
+        scenarios.append((adaptation.KEY, adaptation.adaptation_scenario))
+        plots[adaptation.KEY] = adaptation.plot_adaptation
     if "reliability" in only:
         from harmonaize_cli.evaluation.runtime import reliability
 

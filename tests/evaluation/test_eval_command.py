@@ -20,7 +20,7 @@ from provider_agents.testbed.netns import unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-RUNTIME = {"o6_carbon", "o2_o4_congestion", "o5_reliability"}
+RUNTIME = {"o6_carbon", "o2_o4_congestion", "o1_adaptation", "o5_reliability"}
 CLUSTER = {"o3_cluster", "o5_cluster_stress", "o5_large_job"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

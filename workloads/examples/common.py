@@ -27,6 +27,11 @@ def example_arguments(description: str, *, batch_size: int, lr: float) -> argpar
     parser.add_argument(
         "--step-delay-ms", type=float, default=0.0, help="sleep after each step (slows a job for tests)"
     )
+    parser.add_argument(
+        "--sample-delay-ms", type=float, default=0.0,
+        help="sleep this long per sample the rank processed in the step (batch x accumulation): compute that "
+             "scales with each worker's share, as on a GPU, where the workers share a CPU",
+    )
     parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps (rank 0)")
     return parser
 
@@ -47,8 +52,9 @@ def train(
                 log.info("step=%d loss=%.6f world=%d plan=%s", run.step, loss, run.world_size, run.plan.value)
                 if on_log is not None:
                     on_log(run.step, loss)
-            if args.step_delay_ms > 0 and run.running:
-                time.sleep(args.step_delay_ms / 1000)
+            delay_ms = args.step_delay_ms + args.sample_delay_ms * run.batch_size * run.gradient_accumulation
+            if delay_ms > 0 and run.running:
+                time.sleep(delay_ms / 1000)
 
 
 def configure_logging() -> None:
