@@ -44,6 +44,12 @@ lazy_command(app, "fleet-monitor", "provider_agents.cli:fleet_monitor",
 lazy_command(app, "eval", "harmonaize_cli.evaluation.command:eval_command",
              help="Measure what cooperation buys: each scenario with the status quo and with HarmonAIze; report, "
                   "plots, JSON.")
+lazy_command(app, "asyncapi", "harmonaize_cli.asyncapi_command:asyncapi_command",
+             help="Write the tenant event interface as an AsyncAPI 3.0 document and JSON Schemas; --check compares "
+                  "instead.")
+lazy_command(app, "conformance", "harmonaize_cli.conformance.command:conformance_command",
+             help="Check the tenant's live event feed against the published interface and probe the tenant's "
+                  "isolation.")
 app.add_typer(db_app, name="db")
 app.add_typer(tenants_app, name="tenants")
 lazy_group(app, "controller", "tenant_controllers.cli:app",
