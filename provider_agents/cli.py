@@ -2,8 +2,9 @@
 runs it directly).
 
 Configuration follows the rest of the project: the provider secret and the broker URL come from `Settings`
-(`HZ_PROVIDER_SECRET`, `HZ_NATS_URL`), options override what makes sense per process. Bad input is one line on stderr
-naming the problem and exit code 2; a failure at run time exits 1.
+(`HZ_PROVIDER_SECRET`, `HZ_NATS_URL`), as do the inputs a provider switches on for its agents (`HZ_CLOUD_NOTICES`,
+`HZ_NVSENTINEL_URL`, `HZ_CARBON_API` and what each needs); options override what makes sense per process. Bad input
+(a setting included: the variable is named) is one line on stderr and exit code 2; a failure at run time exits 1.
 """
 
 from __future__ import annotations

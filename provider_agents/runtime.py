@@ -5,6 +5,10 @@ Both processes connect in the provider's NATS account with the user key derived 
 broker restarts, and its publisher holds events (bounded) until the broker is back. Connecting at start-up also
 retries forever, so agents may start before the broker; binding the desired-state bucket is retried by the mirror
 itself, so heartbeats start as soon as the connection is up, even while JetStream is not.
+
+An agent's telemetry is the detected source (NVML or simulated) with the inputs the settings switch on laid over it
+(`provider_inputs`): the cloud's notices (HZ_CLOUD_NOTICES), NVSentinel's health events (HZ_NVSENTINEL_URL), a live
+carbon API (HZ_CARBON_API). Their polling tasks start with the agent and end with it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -41,16 +46,44 @@ from provider_agents.node_launcher import FailureSink, LauncherConfig, NodeLaunc
 from provider_agents.node_watch import WATCH_INTERVAL_S
 from provider_agents.publisher import CoreSink, JetStreamPublisher
 from provider_agents.rendezvous_host import RendezvousHost, ensure_rendezvous_bucket, lookup_endpoint
-from provider_agents.telemetry.detect import SourceKind, detect_source
+from provider_agents.telemetry.carbon_apis import (
+    ELECTRICITY_MAPS_URL,
+    WATTTIME_URL,
+    CarbonFeed,
+    ElectricityMapsFeed,
+    WattTimeFeed,
+)
+from provider_agents.telemetry.detect import ProviderInputs, SourceKind, detect_source, host_region
+from provider_agents.telemetry.gpu_health import NvSentinelPoller
+from provider_agents.telemetry.notices import (
+    AwsInstanceNotices,
+    AzureScheduledEvents,
+    GcpMaintenanceNotices,
+    PollingChannel,
+    SignalChannel,
+)
+from provider_agents.telemetry.notices.aws import AWS_IMDS_URL
+from provider_agents.telemetry.notices.azure import AZURE_IMDS_URL
+from provider_agents.telemetry.notices.gcp import GCP_METADATA_URL
 from provider_agents.telemetry.scenario import SCENARIO_INJECT_SUBJECT, Scenario, ScenarioInjection, load_scenario
 from provider_agents.telemetry.simulated import SimulatedHost
 from provider_agents.telemetry.source import TelemetrySource
 from provider_agents.testbed.layout import TestbedLayout
 from provider_agents.testbed.source import TestbedSource
 
-__all__ = ["AgentOptions", "MonitorOptions", "SettingsError", "connect_provider", "run_agent", "run_fleet_monitor"]
+__all__ = [
+    "AgentOptions",
+    "MonitorOptions",
+    "SettingsError",
+    "connect_provider",
+    "provider_inputs",
+    "run_agent",
+    "run_fleet_monitor",
+]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 class SettingsError(ValueError):
     """Configuration the process cannot run with; the message names the variable."""
@@ -139,18 +172,22 @@ def provider_secret(settings: Settings) -> bytes:
 
 
 async def connect_provider(servers: str | Sequence[str], secret: bytes, *, name: str) -> Client:
-    """A connection in the provider's account that reconnects forever."""
+    """A connection in the provider's account that reconnects forever; losing it is a warning, closing it is not."""
+    connected: list[Client] = []
 
     async def on_error(exc: Exception) -> None:
         log.info("%s: broker connection: %r", name, exc)
 
     async def on_disconnect() -> None:
-        log.warning("%s: connection to the broker lost or closed", name)
+        if connected and connected[0].is_closed:
+            log.debug("%s: connection to the broker closed", name)
+        else:
+            log.warning("%s: connection to the broker lost", name)
 
     async def on_reconnect() -> None:
         log.info("%s: reconnected to the broker", name)
 
-    return await nats.connect(
+    client = await nats.connect(
         servers=[servers] if isinstance(servers, str) else list(servers),
         nkeys_seed_str=ProviderKeys(secret).provider.seed,
         name=name,
@@ -162,6 +199,8 @@ async def connect_provider(servers: str | Sequence[str], secret: bytes, *, name:
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
     )
+    connected.append(client)
+    return client
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -191,10 +230,13 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
     """Run one host agent (telemetry, heartbeats and, with `launch`, the node launcher) until a signal."""
     secret = provider_secret(settings)
     scenario = load_scenario(options.scenario) if options.scenario is not None else None
-    source = _telemetry_source(options, scenario)
+    base = _telemetry_source(options, scenario)
+    region = host_region(options.host, scenario=scenario, region=options.region)
+    inputs = provider_inputs(settings, options.host, region=region)  # polls only once started, below
+    source = inputs.wrap(base)
     log.info(
-        "host %s: telemetry from %s, group %s; event loop %s",
-        options.host, type(source).__name__, source.locality_group, event_loop.running_loop_name(),
+        "host %s: telemetry from %s (inputs: %s), group %s; event loop %s",
+        options.host, type(base).__name__, inputs.describe(), source.locality_group, event_loop.running_loop_name(),
     )
     control = control_plane(settings) if options.launch else None
     nc = await connect_provider(settings.nats_url, secret, name=f"hz-agent-{options.host}")
@@ -206,8 +248,9 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
     try:
         fleet.start()
         publisher.start()
+        inputs.start()
         if control is not None:
-            local_addr = source.layout.host(options.host).data_address if isinstance(source, TestbedSource) else None
+            local_addr = base.layout.host(options.host).data_address if isinstance(base, TestbedSource) else None
             launcher = _launcher(settings, options, nc, secret, control, local_addr=local_addr)
             tasks += _launcher_loops(launcher, fleet, options.host, stop)
         agent = Agent(
@@ -219,7 +262,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
             raw=CoreSink(nc),
             waiting=launcher.waiting_jobs if launcher is not None else None,
         )
-        await _accept_injections(nc, source, options.host)
+        await _accept_injections(nc, base, options.host)
 
         def on_signal() -> None:
             stop.set()
@@ -232,6 +275,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         try:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await inputs.stop()  # the agent samples no more: its polling ends before a node's grace period
             if launcher is not None:
                 await launcher.shutdown(stop_nodes=options.stop_nodes_on_exit)
             await fleet.stop()
@@ -265,6 +309,59 @@ def _telemetry_source(options: AgentOptions, scenario: Scenario | None) -> Telem
         raise SettingsError(f"testbed layout {options.testbed_layout}: {exc}") from None
     assert isinstance(source, SimulatedHost)
     return TestbedSource(source, layout)
+
+
+def provider_inputs(settings: Settings, host: str, *, region: str) -> ProviderInputs:
+    """The polled inputs the settings switch on for `host` (whose grid zone is `region`); nothing is started yet."""
+    channels: list[SignalChannel] = []
+    if settings.cloud_notices != "none":
+        channels.append(_notice_channel(settings))
+    if settings.nvsentinel_url is not None:
+        channels.append(NvSentinelPoller(settings.nvsentinel_url, node_name=settings.nvsentinel_node or host))
+    return ProviderInputs(channels=tuple(channels), carbon=_carbon_feed(settings, region))
+
+
+def _notice_channel(settings: Settings) -> PollingChannel:
+    vm = _needed(settings.cloud_vm_name, "HZ_CLOUD_VM_NAME", f"HZ_CLOUD_NOTICES={settings.cloud_notices}")
+    url = settings.cloud_metadata_url
+    match settings.cloud_notices:
+        case "azure":
+            return AzureScheduledEvents(vm_name=vm, base_url=url or AZURE_IMDS_URL)
+        case "aws":
+            return AwsInstanceNotices(instance_id=vm, base_url=url or AWS_IMDS_URL)
+        case "gcp":
+            return GcpMaintenanceNotices(vm_name=vm, base_url=url or GCP_METADATA_URL)
+    raise SettingsError(f"HZ_CLOUD_NOTICES: no notice channel for {settings.cloud_notices!r}")
+
+
+def _carbon_feed(settings: Settings, region: str) -> CarbonFeed | None:
+    """The carbon API's feed: WattTime's region read as the host's zone; Electricity Maps' zone, else the host's."""
+    url, chosen = settings.carbon_api_url, f"HZ_CARBON_API={settings.carbon_api}"
+    try:
+        match settings.carbon_api:
+            case "watttime":
+                return WattTimeFeed(
+                    _needed(settings.watttime_username, "HZ_WATTTIME_USERNAME", chosen),
+                    _needed(settings.watttime_password, "HZ_WATTTIME_PASSWORD", chosen).get_secret_value(),
+                    region=_needed(settings.watttime_region, "HZ_WATTTIME_REGION", chosen),
+                    zone=region,
+                    base_url=url or WATTTIME_URL,
+                )
+            case "electricitymaps":
+                token = _needed(settings.electricitymaps_token, "HZ_ELECTRICITYMAPS_TOKEN", chosen)
+                zone = settings.electricitymaps_zone or region
+                return ElectricityMapsFeed(token.get_secret_value(), zone=zone, base_url=url or ELECTRICITY_MAPS_URL)
+    except ValueError as exc:
+        raise SettingsError(f"{chosen}: {exc}") from None
+    return None
+
+
+def _needed(value: _T | None, variable: str, chosen: str) -> _T:
+    """A setting the chosen input needs. `Settings` already refuse to start without it; this holds for copies that
+    skipped validation too."""
+    if value is None:
+        raise SettingsError(f"{variable} is not set (required with {chosen})")
+    return value
 
 
 async def _accept_injections(nc: Client, source: object, host: str) -> None:

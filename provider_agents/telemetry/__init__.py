@@ -3,10 +3,19 @@
 `HostTelemetry` is raw and provider-internal; `provider_agents.projection` is the only way from it to a tenant.
 Sources: `SimulatedHost` (seeded, scenario-driven, deterministic), `NvmlHost` (real NVIDIA GPUs), chosen by
 `detect_source`. Carbon comes from curves (`carbon.py`), by default a faster-than-real-time replay of a real trace.
+`ProviderInputs` lay polled inputs over a source: cloud notices (`notices`), NVSentinel's health events
+(`gpu_health`), a live carbon API (`carbon_apis`), all on one polling core (`polling`).
 """
 
 from provider_agents.telemetry.carbon import CarbonCurve, StepCurve, TraceReplay, curve_from_spec, load_trace
-from provider_agents.telemetry.detect import SourceKind, SourceUnavailableError, detect_source, load_nvml
+from provider_agents.telemetry.detect import (
+    ProviderInputs,
+    SourceKind,
+    SourceUnavailableError,
+    detect_source,
+    host_region,
+    load_nvml,
+)
 from provider_agents.telemetry.model import (
     CarbonPoint,
     CarbonReading,
@@ -36,6 +45,7 @@ __all__ = [
     "LinkCongestion",
     "MaintenanceNotice",
     "NvmlHost",
+    "ProviderInputs",
     "RawFailureKind",
     "Scenario",
     "ScenarioError",
@@ -47,6 +57,7 @@ __all__ = [
     "TraceReplay",
     "curve_from_spec",
     "detect_source",
+    "host_region",
     "load_nvml",
     "load_scenario",
     "load_trace",
