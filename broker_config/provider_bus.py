@@ -35,6 +35,7 @@ from nats.js.kv import KeyValue
 
 from broker_config.keys import ProviderKeys
 from harmonaize.desired_state import DESIRED_STATE_BUCKET
+from harmonaize.events import CONTENT_TYPE
 
 _log = logging.getLogger(__name__)
 
@@ -144,7 +145,8 @@ class NatsProviderBus:
             try:
                 client = await self._connected()
                 await client.jetstream().publish(
-                    subject, payload, timeout=self._ack_timeout, headers={MSG_ID_HEADER: msg_id, **trace}
+                    subject, payload, timeout=self._ack_timeout,
+                    headers={MSG_ID_HEADER: msg_id, "Content-Type": CONTENT_TYPE, **trace},
                 )
                 return
             except Exception as exc:  # timeouts, no responders, reconnecting: all mean "no PubAck yet"

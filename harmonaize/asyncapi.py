@@ -375,7 +375,7 @@ def _example(model: type[EventData], examples: Mapping[str, tuple[str, Mapping[s
         time=_EXAMPLE_TIME,
         traceparent=_EXAMPLE_TRACEPARENT if source != CONTROL_PLANE_SOURCE else None,
     )
-    headers = {"Nats-Msg-Id": event.id}
+    headers = {"Content-Type": CONTENT_TYPE, "Nats-Msg-Id": event.id}
     if event.traceparent is not None:
         headers["traceparent"] = event.traceparent
     return {
@@ -458,10 +458,12 @@ def _headers_schema() -> dict[str, Any]:
         "properties": {
             "Nats-Msg-Id": {"type": "string", "description": "The CloudEvents `id`: JetStream drops a re-publish "
                                                              "with the same id inside the stream's duplicate window."},
+            "Content-Type": {"const": CONTENT_TYPE, "description": "Structured content mode (the CloudEvents NATS "
+                                                                  "binding): the body is the whole event as JSON."},
             "traceparent": {"type": "string", "description": "The event's `traceparent`, when it has one."},
             "tracestate": {"type": "string", "description": "The event's `tracestate`, when it has one."},
         },
-        "required": ["Nats-Msg-Id"],
+        "required": ["Content-Type", "Nats-Msg-Id"],
     }
 
 

@@ -38,7 +38,7 @@ from nats.aio.client import Client
 from nats.js.api import PubAck
 from nats.js.errors import BadRequestError
 
-from harmonaize.events import CloudEvent
+from harmonaize.events import CONTENT_TYPE, CloudEvent
 
 __all__ = ["Backoff", "CoreSink", "EventSink", "JetStreamLike", "JetStreamPublisher", "RawSink"]
 
@@ -93,7 +93,8 @@ class _Pending:
     @property
     def headers(self) -> dict[str, str]:
         trace = {"traceparent": self.traceparent, "tracestate": self.tracestate}
-        return {"Nats-Msg-Id": self.msg_id, **{name: value for name, value in trace.items() if value}}
+        return {"Nats-Msg-Id": self.msg_id, "Content-Type": CONTENT_TYPE,
+                **{name: value for name, value in trace.items() if value}}
 
 
 class JetStreamPublisher:

@@ -180,10 +180,14 @@ def test_a_duplicate_id_is_counted_and_a_different_event_under_it_fails(interfac
 # --- the NATS binding ---------------------------------------------------------------------------------------------
 
 
-def test_without_content_type_the_event_is_read_as_structured_with_a_warning(interface: Interface) -> None:
+def test_without_content_type_the_event_is_read_as_structured_but_breaks_the_published_headers(
+    interface: Interface,
+) -> None:
+    """The binding's 1.0.2 release allows it (a warning); our interface promises the header (a failure)."""
     result = check(message(failure_event(), headers={"Nats-Msg-Id": EVENT_ID}), interface)
-    assert [(f.group, f.severity) for f in result.findings] == [(Group.BINDING, Severity.WARNING)]
-    assert "Content-Type" in result.findings[0].reason
+    assert [(f.group, f.severity) for f in result.findings] == [
+        (Group.BINDING, Severity.WARNING), (Group.BINDING, Severity.FAILURE)]
+    assert all("Content-Type" in finding.reason for finding in result.findings)
 
 
 def test_binary_mode_is_decoded_and_fails_the_structured_interface(interface: Interface) -> None:
@@ -196,7 +200,8 @@ def test_binary_mode_is_decoded_and_fails_the_structured_interface(interface: In
     assert decoded.mode is ContentMode.BINARY and decoded.event == event
     result = check(received, interface)
     assert [reason for reason in failures(result) if "binary content mode" in reason], result.findings
-    assert len(failures(result)) == 1, result.findings
+    assert [reason for reason in failures(result) if '"Content-Type" is a required property' in reason]
+    assert len(failures(result)) == 2, result.findings
 
 
 def test_binding_header_problems_fail(interface: Interface) -> None:
