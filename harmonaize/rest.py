@@ -84,7 +84,7 @@ class JobPublic(_Reply):
     gradient_compression: GradientCompression
     batch_size: IntRange | None
     gradient_accumulation: IntRange
-    global_batch: int | None
+    global_batch: int | None = None
     entrypoint: list[str]
     placement_epoch: int
     created_at: datetime
