@@ -263,7 +263,7 @@ class Negotiation(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
-    kind: Mapped[NegotiationKind] = mapped_column(_enum(NegotiationKind, "negotiation_kind", 16))
+    kind: Mapped[NegotiationKind] = mapped_column(_enum(NegotiationKind, "negotiation_kind", 32))
     state: Mapped[NegotiationState] = mapped_column(_enum(NegotiationState, "negotiation_state", 16))
     round: Mapped[int] = mapped_column(Integer)
     terms: Mapped[dict[str, object]] = mapped_column(JSON)
@@ -358,6 +358,7 @@ class JobDirective(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
+import api.models_approvals  # noqa: E402,F401  (its table, on the same metadata; a module of its own for size)
 import api.models_job_runs  # noqa: E402,F401  (the same)
-import api.models_node_failures  # noqa: E402,F401  (its table, on the same metadata; a module of its own for size)
+import api.models_node_failures  # noqa: E402,F401  (the same)
 import api.models_standby  # noqa: E402,F401  (the same)

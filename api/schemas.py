@@ -11,7 +11,7 @@ and the tenant's (`TenantAllocationPublic`), where both are per-tenant pseudonym
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -299,3 +299,28 @@ class CloseBody(_Body):
     """`POST /v1/negotiations/{id}/reject` or `/cancel`: an optional reason, kept in the round's note."""
 
     reason: DisplayText | None = None
+
+
+ApprovalNote = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=300, pattern=r"^[^\x00-\x1f\x7f]*$")
+]
+
+
+class ApprovalReportBody(_Body):
+    """`POST /v1/provider/approvals`: what an agent made of the accepted maintenance approval of `negotiation`.
+
+    The note is shown to the tenant as the round's note: tenant terms only (no VM names, no cloud event ids).
+    """
+
+    negotiation: Annotated[
+        str, StringConstraints(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    ]
+    outcome: Literal["approval_pending", "approved", "approval_failed"]
+    note: ApprovalNote = ""
+
+
+class ApprovalReportPublic(BaseModel):
+    """`recorded` (a round was added) or `duplicate` (nothing changed), and the approval's status after it."""
+
+    outcome: Literal["recorded", "duplicate"]
+    status: Literal["queued", "pending", "approved", "failed"]

@@ -6,6 +6,9 @@ agent simply reads the current value. Writers bump `generation` so a watcher can
 
 Provider-internal: host ids and locality groups here are the provider's own names; agents project them into per-tenant
 pseudonyms before anything reaches a tenant.
+
+Commands ride along the same way: a job's accepted maintenance approvals (`AssignedJob.approvals`) stay in its hosts'
+assignments until the agents' outcome is reported, so an agent that restarts or missed an update still finds them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId, validate_id
 from harmonaize.job_runtime import Directives, JobRanges
 from harmonaize.jobs import ParallelPlan
+from harmonaize.negotiation import NoticeName
 from harmonaize.subjects import provider_subject
 
 DESIRED_STATE_BUCKET = "hz_desired"
@@ -58,6 +62,14 @@ class _State(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class MaintenanceApproval(_State):
+    """A tenant's accepted `approve_maintenance` negotiation, as the agents of its job's hosts are asked to carry it
+    out: start the notice the tenant calls `notice` early, once every tenant on the host has approved it."""
+
+    negotiation: Annotated[str, StringConstraints(pattern=r"^[0-9a-f-]{32,36}$")]
+    notice: NoticeName = Field(description="The notice as this job's tenant sees it (its per-tenant pseudonym).")
+
+
 class AssignedJob(_State):
     """A tenant job placed on a host: the workers (torchrun nodes' local workers) it runs there."""
 
@@ -72,6 +84,11 @@ class AssignedJob(_State):
     restart: RestartMode = RestartMode.GRACEFUL
     ranges: JobRanges = JobRanges()
     directives: Directives = Directives()
+    approvals: tuple[MaintenanceApproval, ...] = Field(
+        default=(),
+        max_length=64,
+        description="Accepted maintenance approvals of the job awaiting the agents' outcome (none on a standby).",
+    )
     standby_until: datetime | None = Field(
         default=None,
         description="Set for a warm joiner (`HostAssignment.standby`): an open offer would place the job here. Its "

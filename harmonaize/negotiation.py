@@ -1,11 +1,18 @@
 """The negotiation vocabulary shared by the provider's API and the tenant SDK.
 
-A negotiation is a short conversation about one job: the tenant asks (scale, repartition, defer, migrate region) with a
-desired value, an acceptable range and constraints; the provider answers with an offer of one or more options, each
-valid until an expiry ("3 workers now", or "4 workers from 02:00 when carbon is forecast at 210 g"); the tenant
-accepts one option, rejects, counters with new terms, or cancels. Every round is stored by the provider. A scale
-request may name hosts of the job to replace (`replace_hosts`, as a Failure event names them): the provider's option
-then moves those workers to healthy hosts (`replaced_hosts`), or says why it cannot.
+A negotiation is a short conversation about one job: the tenant asks (scale, repartition, defer, migrate region,
+approve a maintenance early) with a desired value, an acceptable range and constraints; the provider answers with an
+offer of one or more options, each valid until an expiry ("3 workers now", or "4 workers from 02:00 when carbon is
+forecast at 210 g"); the tenant accepts one option, rejects, counters with new terms, or cancels. Every round is
+stored by the provider. A scale request may name hosts of the job to replace (`replace_hosts`, as a Failure event
+names them): the provider's option then moves those workers to healthy hosts (`replaced_hosts`), or says why it
+cannot.
+
+`approve_maintenance` is the tenant's "go ahead now" for a maintenance notice whose `early_approval` is true: its
+terms name the notice as the tenant's Maintenance event does (`notice_id`). Once accepted, the provider's agents ask
+the cloud to start it early; their outcome is added to the negotiation's history as a provider round (`approved`,
+`approval_failed`, or `approval_pending` while a shared host waits for its other tenants), the state staying
+`accepted`.
 
 States (the transition table itself lives with the provider, who enforces it):
 
@@ -23,6 +30,7 @@ import enum
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
 
 from harmonaize.ids import JobId
 from harmonaize.jobs import ParallelPlan
@@ -35,6 +43,10 @@ HOST_PSEUDONYM_PATTERN = r"^h-[0-9a-f]{6,32}$"
 """A host as the tenant's events name it: the shape of `harmonaize.events.fields.HostPseudonym`, spelled out here
 because the events package imports this module."""
 HostName = Annotated[str, StringConstraints(pattern=HOST_PSEUDONYM_PATTERN)]
+NOTICE_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+"""A maintenance notice as the tenant's events name it: `harmonaize.events.fields.NoticeId`, spelled out for the same
+reason."""
+NoticeName = Annotated[str, StringConstraints(pattern=NOTICE_ID_PATTERN)]
 
 
 class NegotiationKind(enum.StrEnum):
@@ -42,6 +54,7 @@ class NegotiationKind(enum.StrEnum):
     REPARTITION = "repartition"  # change the parallel plan (DDP / FSDP / HSDP)
     DEFER = "defer"  # shift work in time (e.g. to low-carbon hours)
     MIGRATE_REGION = "migrate_region"  # move to another region
+    APPROVE_MAINTENANCE = "approve_maintenance"  # let an announced maintenance start now (`early_approval`)
 
 
 class NegotiationState(enum.StrEnum):
@@ -71,6 +84,9 @@ class RoundAction(enum.StrEnum):
     REJECT = "reject"
     CANCEL = "cancel"
     EXPIRE = "expire"
+    APPROVAL_PENDING = "approval_pending"  # approve_maintenance: the agents cannot approve yet (the host is shared)
+    APPROVED = "approved"  # approve_maintenance: the cloud accepted the early start
+    APPROVAL_FAILED = "approval_failed"  # approve_maintenance: no early start; the note says why
 
 
 class _Terms(BaseModel):
@@ -100,6 +116,11 @@ class NegotiationTerms(_Terms):
         description="For scale: hosts of this job, as its events name them (a Failure's `host`), whose workers should "
         "move to healthy hosts, e.g. after a failure or a predicted failure. A host running none of the job's workers "
         "is ignored.",
+    )
+    notice_id: NoticeName | None = Field(
+        default=None,
+        description="For approve_maintenance: the maintenance to start early, as the job's Maintenance event names "
+        "it (`notice_id`).",
     )
     constraints: Constraints = Field(default_factory=Constraints)
 
@@ -140,3 +161,30 @@ class NegotiationRequest(_Terms):
     job: JobId
     kind: NegotiationKind
     terms: NegotiationTerms
+
+    @model_validator(mode="after")
+    def _terms_fit_kind(self) -> Self:
+        problem = terms_problem(self.kind, self.terms)
+        if problem is not None:
+            where = "terms" if self.terms.notice_id is not None and self.kind is _APPROVE else "terms.notice_id"
+            raise PydanticCustomError("terms_kind", "{problem}", {"field": where, "problem": problem})
+        return self
+
+
+_APPROVE = NegotiationKind.APPROVE_MAINTENANCE
+
+
+def terms_problem(kind: NegotiationKind, terms: NegotiationTerms) -> str | None:
+    """Why `terms` cannot go with `kind` (None: they can), for what the other terms cannot express.
+
+    Only the maintenance approval is checked here: it names a notice and nothing else, and nothing else names one.
+    Every other mismatch is the provider's to answer (a decline saying why), as it always was.
+    """
+    named = terms.notice_id is not None
+    if kind is not NegotiationKind.APPROVE_MAINTENANCE:
+        return f"notice_id is for approve_maintenance requests, not {kind.value}" if named else None
+    if not named:
+        return "approve_maintenance needs notice_id: the maintenance to approve, as its event names it"
+    if terms != NegotiationTerms(notice_id=terms.notice_id):
+        return "approve_maintenance takes notice_id only"
+    return None

@@ -112,7 +112,9 @@ def negotiations_list(
     state: Annotated[
         str | None, typer.Option(help="offered, accepted, rejected, declined, cancelled, expired.")
     ] = None,
-    kind: Annotated[str | None, typer.Option(help="scale, repartition, defer, migrate_region.")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="scale, repartition, defer, migrate_region, approve_maintenance.")
+    ] = None,
     limit: Annotated[int, typer.Option(help="At most this many (newest first).", min=1, max=500)] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:

@@ -128,6 +128,8 @@ class Agent:
         self._waiting = waiting
         self._warned_group: str | None = None
         self.state: AgentState | None = None
+        self.telemetry: HostTelemetry | None = None
+        """The latest sample taken (what the host's tenants were last told of, e.g. its maintenance notices)."""
         self.source_failures = 0
         self.ticks = 0
 
@@ -158,6 +160,7 @@ class Agent:
         except Exception as exc:  # a source may fail in any way; the loop must survive it
             log.warning("host %s: telemetry source failed: %r", self.host, exc)
             return Observation(None, fleet, repr(exc))
+        self.telemetry = telemetry
         if self._raw is not None and self.config.publish_telemetry:
             await self._raw.publish_raw(telemetry_subject(self.host), telemetry.model_dump_json().encode())
         return Observation(telemetry, fleet)

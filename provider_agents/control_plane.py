@@ -1,8 +1,9 @@
 """The provider components' client for the control plane's provider routes (admin token, HTTP).
 
 Node launchers relay job progress and report failed nodes, the fleet monitor reports host outages, the micro loop
-proposes directives. All calls are idempotent on the server side, so a caller simply retries on a transport error or a
-5xx; a 4xx is the control plane refusing the request, raised with its reason (`ControlPlaneRefusal`).
+proposes directives, agents report what became of the maintenance approvals they were asked to carry out. All calls
+are idempotent on the server side, so a caller simply retries on a transport error or a 5xx; a 4xx is the control
+plane refusing the request, raised with its reason (`ControlPlaneRefusal`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from harmonaize.job_runtime import JobProgress
+from harmonaize.negotiation import RoundAction
 from harmonaize.node_failures import NodeFailureReport
 
 __all__ = ["ControlPlane", "ControlPlaneRefusal"]
@@ -83,3 +85,12 @@ class ControlPlane:
             "PUT", f"/v1/provider/jobs/{tenant}/{job}/directives", json=proposal
         )
         return record
+
+    async def report_approval(self, negotiation: str, outcome: RoundAction, note: str) -> str:
+        """Add `outcome` to the negotiation's rounds: 'recorded', or 'duplicate' when it is there already."""
+        body = await self._call(
+            "POST",
+            "/v1/provider/approvals",
+            json={"negotiation": negotiation, "outcome": outcome.value, "note": note},
+        )
+        return str(body.get("outcome", "")) if body else ""

@@ -8,7 +8,8 @@ itself, so heartbeats start as soon as the connection is up, even while JetStrea
 
 An agent's telemetry is the detected source (NVML or simulated) with the inputs the settings switch on laid over it
 (`provider_inputs`): the cloud's notices (HZ_CLOUD_NOTICES), NVSentinel's health events (HZ_NVSENTINEL_URL), a live
-carbon API (HZ_CARBON_API). Their polling tasks start with the agent and end with it.
+carbon API (HZ_CARBON_API). Their polling tasks start with the agent and end with it. With the control plane's
+admin token, the agent also carries out the tenants' maintenance approvals (`provider_agents.approvals`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from harmonaize.heap import freeze_startup_heap
 from harmonaize.node_failures import NodeFailureReport
 from harmonaize.settings import Settings
 from provider_agents.agent import Agent, AgentConfig
+from provider_agents.approval_memory import ApprovalMemory
+from provider_agents.approvals import APPROVAL_INTERVAL_S, NoticeApprover, held_notices
 from provider_agents.changes import DEFAULT_CARBON_EVERY
 from provider_agents.control_plane import ControlPlane, ControlPlaneRefusal
 from provider_agents.desired import FleetView, ensure_desired_state_bucket
@@ -239,6 +242,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
         options.host, type(base).__name__, inputs.describe(), source.locality_group, event_loop.running_loop_name(),
     )
     control = control_plane(settings) if options.launch else None
+    reporter = control or _approval_reporter(settings)
     nc = await connect_provider(settings.nats_url, secret, name=f"hz-agent-{options.host}")
     publisher = JetStreamPublisher(nc.jetstream(), max_pending=options.max_pending)
     fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream()))
@@ -262,6 +266,8 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
             raw=CoreSink(nc),
             waiting=launcher.waiting_jobs if launcher is not None else None,
         )
+        if reporter is not None:
+            tasks.append(_approval_loop(settings, options, agent, inputs, fleet, secret, reporter, stop))
         await _accept_injections(nc, base, options.host)
 
         def on_signal() -> None:
@@ -281,10 +287,39 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
             await fleet.stop()
             await publisher.close()
             await nc.close()
-            if control is not None:
-                await control.close()
+            if reporter is not None:
+                await reporter.close()  # the launcher's client too, when it is the same one
         finally:
             _default_signals()  # only now: a signal during the shutdown above must not kill it halfway
+
+
+def _work_dir(settings: Settings, options: AgentOptions) -> Path:
+    return options.work_dir or settings.data_dir / "hosts" / options.host
+
+
+def _approval_reporter(settings: Settings) -> ControlPlane | None:
+    """The control plane client approvals report to when no launcher made one: none without an admin token (then
+    tenants' approvals of this host's notices wait for the sweeper, which records them as not approved)."""
+    if settings.admin_token is None or not settings.admin_token.get_secret_value():
+        log.info("no HZ_ADMIN_TOKEN: this agent carries out no maintenance approvals")
+        return None
+    return control_plane(settings)
+
+
+def _approval_loop(
+    settings: Settings, options: AgentOptions, agent: Agent, inputs: ProviderInputs, fleet: FleetView,
+    secret: bytes, reporter: ControlPlane, stop: asyncio.Event,
+) -> asyncio.Task[None]:
+    approver = NoticeApprover(
+        host=options.host,
+        secret=secret,
+        assignment=lambda: fleet.assignment(options.host),
+        notices=lambda: held_notices(agent.telemetry, inputs.channels),
+        reporter=reporter,
+        memory=ApprovalMemory(_work_dir(settings, options) / "approvals.json"),
+    )
+    work = _every(APPROVAL_INTERVAL_S, approver.step, stop)
+    return asyncio.get_running_loop().create_task(work, name=f"hz-approvals-{options.host}")
 
 
 def _telemetry_source(options: AgentOptions, scenario: Scenario | None) -> TelemetrySource:
@@ -399,7 +434,7 @@ def _launcher(
 
     config = LauncherConfig(
         host=options.host,
-        work_dir=options.work_dir or settings.data_dir / "hosts" / options.host,
+        work_dir=_work_dir(settings, options),
         checkpoint_root=options.checkpoint_root or settings.data_dir / "checkpoints",
         cloud=cloud_id(secret, settings.data_dir),
         grace_s=options.grace_s,

@@ -279,6 +279,17 @@ class Job:
         terms = build_terms(region=region, carbon_cap=carbon_cap, deadline=deadline)
         return await self.request(NegotiationKind.MIGRATE_REGION, terms, idempotency_key=idempotency_key)
 
+    async def approve_maintenance(self, notice_id: str, *, idempotency_key: str | None = None) -> Offer:
+        """Ask the provider to let an announced maintenance start now: `notice_id` as the job's Maintenance event
+        names it (one whose `early_approval` is true).
+
+        Accepting the offer is the approval. What the cloud made of it comes later, as a provider round of the
+        negotiation (`approved`, `approval_failed`, or `approval_pending` while a shared host waits for its other
+        tenants): read it with `ProviderApi.get_negotiation`. Raises Declined when the job runs on no host.
+        """
+        terms = NegotiationTerms(notice_id=notice_id)
+        return await self.request(NegotiationKind.APPROVE_MAINTENANCE, terms, idempotency_key=idempotency_key)
+
     async def request(
         self, kind: NegotiationKind, terms: NegotiationTerms, *, idempotency_key: str | None = None
     ) -> Offer:

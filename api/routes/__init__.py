@@ -22,6 +22,7 @@ from api.routes import (
     hosts,
     job_runs,
     jobs,
+    maintenance_approvals,
     metrics,
     negotiations,
     tenants,
@@ -50,7 +51,10 @@ _LIMITED: dict[ModuleType, _RouterExtras] = {
 def build_router() -> APIRouter:
     """All /v1 routes (a fresh router per app, so apps built in one process share no state)."""
     router = APIRouter(prefix="/v1", responses=_ERRORS, dependencies=[Depends(bind_path_ids)])
-    modules = (health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, job_runs, metrics)
+    modules = (
+        health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, maintenance_approvals,
+        job_runs, metrics,
+    )
     for module in modules:
         router.include_router(module.router, **_LIMITED.get(module, _RouterExtras()))
     return router

@@ -29,10 +29,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Allocation, Host, Job, Negotiation
 from api.models_standby import StandbyNode
+from api.services.approval_commands import open_approvals
 from api.services.job_lifecycle import advance, epoch_event
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
-from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
+from harmonaize.desired_state import AssignedJob, HostAssignment, MaintenanceApproval, RestartMode
 from harmonaize.job_runtime import Directives, JobRanges
 from harmonaize.jobs import Compression
 from harmonaize.negotiation import NegotiationState
@@ -96,13 +97,16 @@ async def compute_assignment(session: AsyncSession, host_id: str, *, generation:
         .execution_options(populate_existing=True)
         .order_by(Job.tenant_id, Job.id)
     )
+    placed = [(job, int(gpus)) for job, gpus in rows]
+    approvals = await open_approvals(session, {(job.tenant_id, job.id) for job, _ in placed}, now=now)
     jobs = [
-        _assigned(job, workers=int(gpus) // job.gpus_per_worker, epoch=job.placement_epoch,
-                  nodes=len(_placement_hosts(job.placement)), restart=job.restart_mode)
-        for job, gpus in rows
+        _assigned(job, workers=gpus // job.gpus_per_worker, epoch=job.placement_epoch,
+                  nodes=len(_placement_hosts(job.placement)), restart=job.restart_mode,
+                  approvals=approvals.get((job.tenant_id, job.id), ()))
+        for job, gpus in placed
     ]
-    placed = {(job.tenant, job.job) for job in jobs}
-    standby = [job for job in await _standby_jobs(session, host_id, now=now) if (job.tenant, job.job) not in placed]
+    keys = {(job.tenant, job.job) for job in jobs}
+    standby = [job for job in await _standby_jobs(session, host_id, now=now) if (job.tenant, job.job) not in keys]
     return HostAssignment(
         host=host_id, locality_group=group or "", generation=generation, jobs=tuple(jobs), standby=tuple(standby),
         updated_at=now,
@@ -138,7 +142,7 @@ async def _standby_jobs(session: AsyncSession, host_id: str, *, now: datetime) -
 
 def _assigned(
     job: Job, *, workers: int, epoch: int, nodes: int, restart: RestartMode = RestartMode.GRACEFUL,
-    standby_until: datetime | None = None,
+    standby_until: datetime | None = None, approvals: tuple[MaintenanceApproval, ...] = (),
 ) -> AssignedJob:
     """`job` as one host's assignment lists it: its workers there, its epoch and node count, plan and settings."""
     return AssignedJob(
@@ -153,6 +157,7 @@ def _assigned(
         restart=restart,
         ranges=job_ranges(job),
         directives=job_directives(job),
+        approvals=approvals,
         standby_until=standby_until,
     )
 
@@ -223,6 +228,11 @@ async def write_host_assignments(
         enqueue_desired_state(session, assignment, now=now)
         assignments.append(assignment)
     return assignments
+
+
+def placed_hosts(job: Job) -> set[str]:
+    """The hosts the job's workers run on now (its stored placement; empty when it runs nowhere)."""
+    return set(_placement_hosts(job.placement))
 
 
 async def job_hosts(session: AsyncSession, *, tenant_id: str, job_id: str) -> set[str]:

@@ -4,6 +4,8 @@ Anything not in the table is refused with `InvalidTransitionError`, whose reason
 ("negotiation is accepted: cannot counter"); the API answers it with 409. Two steps exist only inside one
 transaction and are never stored: `NEW` (before the request is written) and `AWAITING_PROVIDER` (the tenant has
 spoken, the provider's policy answers before the transaction commits). Stored states are `NegotiationState`s.
+The rounds that record what became of an accepted maintenance approval change no state: their own table is
+`approval_lifecycle.TRANSITIONS`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ TRANSITIONS: Final[Mapping[tuple[Status, RoundAction], Status]] = {
     # The tenant counters with new terms: the offer is withdrawn and the provider answers again, in a new round.
     (_OFFERED, RoundAction.COUNTER): Step.AWAITING_PROVIDER,
     # The tenant takes one option; ledger, job and desired placement change in the same transaction. Terminal.
+    # For approve_maintenance nothing is placed: the approval is queued for the agents of the job's hosts, and what
+    # they report is recorded as provider rounds after it (`approval_lifecycle`), the state staying accepted.
     (_OFFERED, RoundAction.ACCEPT): NegotiationState.ACCEPTED,
     # The tenant turns the offer down and ends the negotiation. Terminal.
     (_OFFERED, RoundAction.REJECT): NegotiationState.REJECTED,
@@ -55,6 +59,9 @@ ACTORS: Final[Mapping[RoundAction, Actor]] = {
     RoundAction.OFFER: Actor.PROVIDER,
     RoundAction.DECLINE: Actor.PROVIDER,
     RoundAction.EXPIRE: Actor.PROVIDER,
+    RoundAction.APPROVAL_PENDING: Actor.PROVIDER,
+    RoundAction.APPROVED: Actor.PROVIDER,
+    RoundAction.APPROVAL_FAILED: Actor.PROVIDER,
 }
 """Who takes each action (recorded with every round)."""
 

@@ -18,6 +18,7 @@ Rules (a demanding tenant's expectations):
 * A carbon cap is a constraint: no option starts when the forecast is above it; a deadline bounds every start.
 * REPARTITION offers the plan (HSDP needs at least 2 workers). DEFER offers the lowest-carbon start after
   `start_after` and before the deadline. MIGRATE_REGION is declined unless the region exists in this cloud.
+* APPROVE_MAINTENANCE offers "approve now" while the job runs on a host, else declines (`approval_policy`).
 * SCALE with hosts to replace (`replace_hosts`: the tenant's hosts that failed or are predicted to) takes the job's
   workers off those hosts and keeps the rest of the size on healthy hosts (`capacity` must not count the replaced
   hosts): the target if healthy hosts have room, else the most they have room for if that is inside the range (the
@@ -31,9 +32,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from api.services.approval_policy import approval_option
 from api.services.carbon_forecast import CarbonPoint, carbon_at
 from harmonaize.jobs import ParallelPlan
-from harmonaize.negotiation import NegotiationKind, NegotiationTerms, Offer, OfferOption
+from harmonaize.negotiation import NegotiationKind, NegotiationTerms, Offer, OfferOption, terms_problem
 
 DEFAULT_OFFER_TTL = timedelta(seconds=60)
 LOW_CARBON_MARGIN = 0.10
@@ -50,6 +52,7 @@ class JobSnapshot:
     gpus_per_worker: int
     desired_workers: int
     parallel_plan: ParallelPlan
+    placed_hosts: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ def decide(
         return Decline("the deadline leaves no time: it is not after the earliest start")
     if terms.replace_hosts is not None and kind is not NegotiationKind.SCALE:
         return Decline(f"replace_hosts is for scale requests, not {kind.value}")
+    problem = terms_problem(kind, terms)
+    if problem is not None:
+        return Decline(problem)
     options: list[OfferOption] | Decline
     if kind is NegotiationKind.SCALE and replacing.workers > 0:
         options = _replace(terms, job, capacity, carbon, now, replacing)
@@ -137,6 +143,9 @@ def decide(
         options = _repartition(terms, job)
     elif kind is NegotiationKind.DEFER:
         options = _defer(terms, job, capacity, carbon, now)
+    elif kind is NegotiationKind.APPROVE_MAINTENANCE:
+        answer = approval_option(terms.notice_id or "", placed_hosts=job.placed_hosts)
+        options = Decline(answer) if isinstance(answer, str) else [answer]
     else:
         options = _migrate(terms, regions)
     if replacing.absent:

@@ -11,7 +11,8 @@ the tenant's event. An option that replaces hosts (`replaced_hosts`: the tenant'
 workers off them in the same transaction (`worker_replacement`), so the job gets a new epoch on the new host set, and
 no later offer or placement for the job uses those hosts for a while (`worker_replacement.QUARANTINE`). If
 capacity has gone meanwhile, everything rolls back and the offer stays open (the tenant can counter); an offer whose
-expiry has passed is marked expired instead and cannot be accepted.
+expiry has passed is marked expired instead and cannot be accepted. The accept of a maintenance approval changes no
+capacity: it queues the approval for the agents of the job's hosts, in their desired state (`maintenance_approvals`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from api.models import Host, Job, Negotiation, NegotiationRound
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
 from api.services.errors import ConflictError, InsufficientCapacityError, InvalidRequestError, NotFoundError
-from api.services.host_assignments import job_hosts, write_host_assignments
+from api.services.host_assignments import job_hosts, placed_hosts, write_host_assignments
 from api.services.idempotency import StoredResponse
 from api.services.ledger import change_job_workers, place_workers, release_workers
 from api.services.ledger_lock import lock_ledger
+from api.services.maintenance_approvals import queue_approval
 from api.services.negotiation_lifecycle import InvalidTransitionError, Step, next_status
 from api.services.negotiation_policy import (
     DEFAULT_OFFER_TTL,
@@ -106,6 +108,7 @@ async def _answer(
             gpus_per_worker=job.gpus_per_worker,
             desired_workers=job.desired_workers,
             parallel_plan=job.parallel_plan,
+            placed_hosts=len(placed_hosts(job)),
         ),
         capacity=await _free_capacity(session, exclude=replacing.host_ids | avoided),
         carbon=ctx.forecast.points(ctx.now),
@@ -335,6 +338,8 @@ async def accept(
                 .execution_options(synchronize_session=False)
             )
             hosts |= await job_hosts(session, tenant_id=job.tenant_id, job_id=job.id)
+        if negotiation.kind is NegotiationKind.APPROVE_MAINTENANCE:
+            hosts |= await queue_approval(session, negotiation, job, now=now)
         # the warm joiners' hosts: the accept's own placement makes the ones it uses members, the rest stop
         hosts |= await stand_down(session, negotiation.id)
         await write_host_assignments(session, hosts, now=now)

@@ -7,7 +7,8 @@ It follows the REST contract the real API implements (`GET /v1/jobs/{id}`, `PUT 
 * scripted answers (`answer(offer(workers=3), decline("full"))`) are used first, one per request or counter;
 * then `policy`, a function of the negotiation as it stands, if the test set one;
 * otherwise a deliberately simple default: a job gets at most `capacity[job]` workers; a scale request is offered
-  `min(desired, capacity)` if that lies in the tenant's range, and declined otherwise.
+  `min(desired, capacity)` if that lies in the tenant's range, and declined otherwise; a maintenance approval is
+  offered while the job has workers (`approve now`), as the real provider does, and declined otherwise.
 
 Faults are scripted per request (`fail_next`, `slow_next`), including the nasty one: the change is applied and *then*
 the reply is lost (`lose_reply=True`), which is what the SDK's idempotency keys exist for. Every request and every
@@ -250,6 +251,10 @@ class FakeProvider:
             option = {"workers": workers, "reason": "capacity"} if accept["min"] <= workers <= accept["max"] else None
         elif negotiation["kind"] == "repartition":
             option = {"parallel_plan": terms["parallel_plan"], "reason": "ok"}
+        elif negotiation["kind"] == "approve_maintenance":
+            if job["desired_workers"] == 0:
+                return [], "the job runs on no host now: there is no maintenance of it to approve"
+            option = {"reason": f"approve maintenance {terms['notice_id']} now"}
         else:
             option = {"start_at": terms.get("start_after"), "reason": "ok"}
         return ([option], None) if option is not None else ([], "no capacity inside the requested range")

@@ -16,6 +16,7 @@ from provider_agents.telemetry.notices.azure import AzureScheduledEvents
 from provider_agents.telemetry.notices.channel import (
     ESTIMATED_DURATION,
     BadDocument,
+    EarlyStartChannel,
     NoticeChannel,
     NoticeError,
     NoticeView,
@@ -31,6 +32,7 @@ __all__ = [
     "AzureScheduledEvents",
     "BadDocument",
     "ChannelHealth",
+    "EarlyStartChannel",
     "FetchError",
     "GcpMaintenanceNotices",
     "NoticeChannel",

@@ -8,7 +8,9 @@ document changes nothing; the last accepted one stands.
 
 The cloud's `EventId` is the notice id, `NotBefore` the start (`Started` events may come without one: the start we
 saw earlier is kept, or the moment it was first seen), `DurationInSeconds` the length when not -1. Azure lets the VM
-approve an event so it starts before `NotBefore` (`approve`), so every notice carries `early_approval`.
+approve an event so it starts before `NotBefore` (`approve`), so every notice carries `early_approval`. An approval
+lets the event proceed for *every* VM its `Resources` name, not only the one that sends it: an agent, which answers
+for its own host only, therefore starts early only events that name this VM alone (`early_start_refusal`).
 Typical lead times: Preempt ~30 s, Freeze/Reboot/Redeploy ~15 min, Terminate as configured on the scale set.
 """
 
@@ -106,6 +108,7 @@ class AzureScheduledEvents(PollingChannel):
         self.vm_name = vm_name
         self.incarnation: int | None = None
         self._notices: tuple[TimedNotice, ...] = ()
+        self._resources: dict[str, frozenset[str]] = {}
 
     def view(self, now: datetime) -> NoticeView:
         return NoticeView(maintenance=tuple(notice.at(now) for notice in self._notices))
@@ -113,6 +116,15 @@ class AzureScheduledEvents(PollingChannel):
     async def poll_once(self) -> float | None:
         answer = await self.http.fetch("GET", EVENTS_PATH, params={"api-version": AZURE_API_VERSION}, expect=(200,))
         self._accept(answer.text, now=self.clock.now())
+        return None
+
+    def early_start_refusal(self, notice_id: str) -> str | None:
+        """None when `notice_id` is a pending event of this VM alone; else why it is not started early."""
+        resources = self._resources.get(notice_id)
+        if resources is None:
+            return "the maintenance is no longer announced"
+        if resources != {self.vm_name.casefold()}:
+            return "this maintenance covers other machines too: only a single host's maintenance is started early"
         return None
 
     async def approve(self, event_id: str) -> None:
@@ -150,6 +162,11 @@ class AzureScheduledEvents(PollingChannel):
         )
         self.incarnation = document.DocumentIncarnation
         self._notices = notices
+        self._resources = {
+            event.EventId: frozenset(resource.casefold() for resource in event.Resources)
+            for event, _ in readable
+            if me in {resource.casefold() for resource in event.Resources}
+        }
 
     def _notice(self, event: _Event, *, started_at: datetime) -> MaintenanceNotice:
         if event.NotBefore:

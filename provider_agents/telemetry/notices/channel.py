@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -26,6 +26,7 @@ from provider_agents.telemetry.model import FailureSignal, MaintenanceNotice
 __all__ = [
     "ESTIMATED_DURATION",
     "BadDocument",
+    "EarlyStartChannel",
     "NoticeChannel",
     "NoticeError",
     "NoticeView",
@@ -124,6 +125,22 @@ class SignalChannel(Protocol):
 
 NoticeChannel = SignalChannel
 """A cloud's notice channel: a signal channel whose views carry maintenance notices."""
+
+
+@runtime_checkable
+class EarlyStartChannel(Protocol):
+    """A notice channel whose cloud lets the VM start an announced maintenance before its `not_before` (Azure's
+    `StartRequests`). The others' notices can only be waited for."""
+
+    name: str
+
+    def early_start_refusal(self, notice_id: str) -> str | None:
+        """Why the channel will not start `notice_id` early, in the tenant's terms (None: it may)."""
+        ...
+
+    async def approve(self, notice_id: str) -> None:
+        """Ask the cloud to start `notice_id` now; raises `NoticeError` when the cloud could not be told or refused."""
+        ...
 
 
 def estimated_end(kind: MaintenanceKind, not_before: datetime) -> datetime:
