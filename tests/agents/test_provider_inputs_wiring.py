@@ -47,7 +47,7 @@ from provider_agents.telemetry.polling import Backoff, PollHealth, PollState, ht
 from tests.agents.cloud_notice_emulator import CloudNoticeEmulator
 from tests.agents.conftest import event_text, put_assignment, tenant_reader
 from tests.agents.fakes import START, assignment
-from tests.agents.input_emulator import FakeNvSentinel, health_event, running_emulator
+from tests.agents.input_emulator import FakeNvSentinel, FakeWattTime, health_event, running_emulator, watttime_forecast
 from tests.support import eventually
 
 VM = "myVm_0"
@@ -358,3 +358,159 @@ async def test_an_azure_preempt_reaches_the_tenant_whose_job_runs_on_the_host(
     finally:
         emulator.close()
         await reader.close()  # again, when the test failed before it was closed
+
+
+AWS_SPOT = "/latest/meta-data/spot/instance-action"
+GCP_EVENT = "/computeMetadata/v1/instance/maintenance-event"
+GCP_PREEMPTED = "/computeMetadata/v1/instance/preempted"
+POLL_S = {"aws": 5.0, "gcp": 1.0}
+"""The channels' default poll intervals, as the agent builds them (GCP's maintenance event is long-polled)."""
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+async def test_aws_and_gcp_notices_reach_the_tenant_with_their_lead_times(
+    cloud: str,
+    nats_server: NatsServer,
+    tenant_broker: NatsTenantBroker,
+    two_tenants: dict[str, UserKeys],
+    kv: KeyValue,
+    provider_secret: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AWS's Spot interruption notice (2 min ahead) and GCP's TERMINATE_ON_HOST_MAINTENANCE (60 s ahead) become the
+    job's maintenance event, under the tenant's pseudonym for the host, soon after the metadata service says so (the
+    channel tests pin the poll interval plus 50 ms; here the agent's tick and the broker add their part)."""
+    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
+    only_maintenance = (tenant_events_filter("acme", kind="maintenance"),)
+    reader = await tenant_reader(
+        nats_server, tenant_broker, "acme", two_tenants["acme"], name=f"maint-{cloud}",
+        filter_subjects=only_maintenance,
+    )
+    monkeypatch.setattr(runtime, "freeze_startup_heap", lambda: 0)
+    emulator = CloudNoticeEmulator().start()
+    emulator.serve(GCP_EVENT, "NONE")
+    emulator.serve(GCP_PREEMPTED, "FALSE")
+    settings = settings_from(
+        monkeypatch, HZ_PROVIDER_SECRET=provider_secret.decode(), HZ_NATS_URL=nats_server.url,
+        HZ_CLOUD_NOTICES=cloud, HZ_CLOUD_METADATA_URL=emulator.url, HZ_CLOUD_VM_NAME=VM,
+    )
+    options = AgentOptions(host="h1", locality_group="g1", gpus=2, source=SourceKind.SIMULATED, tick_s=0.1,
+                           launch=False)
+    watched = AWS_SPOT if cloud == "aws" else GCP_EVENT
+
+    async def maintenance_arrived() -> bool:
+        await reader.read(wait=0.05)
+        return bool(reader.events)
+
+    try:
+        async with running_agent(settings, options):
+            await eventually(lambda: bool(emulator.received(watched)), timeout=20, what=f"the agent polling {cloud}")
+            served = datetime.now(UTC)
+            if cloud == "aws":
+                action_at = (served + timedelta(minutes=2)).replace(microsecond=0)
+                emulator.serve(AWS_SPOT, {"action": "terminate", "time": action_at.strftime("%Y-%m-%dT%H:%M:%SZ")})
+            else:
+                emulator.serve(GCP_EVENT, "TERMINATE_ON_HOST_MAINTENANCE")
+            took = await eventually(maintenance_arrived, timeout=20, what=f"acme's maintenance event from {cloud}")
+            assert took <= POLL_S[cloud] + options.tick_s + 1.0, f"{took:.2f} s from the notice to the tenant"
+        ((subject, event),) = reader.events
+        notice = event.data
+        assert subject == "hz.t.acme.events.maintenance.train"
+        assert notice.hosts == (host_pseudonym(provider_secret, "acme", "h1"),)
+        assert notice.status is MaintenanceStatus.SCHEDULED and not notice.early_approval
+        if cloud == "aws":
+            assert notice.kind is MaintenanceKind.PREEMPT and notice.window.not_before == action_at
+        else:
+            assert notice.kind is MaintenanceKind.TERMINATE
+            lead = notice.window.not_before - served
+            assert timedelta(seconds=55) <= lead <= timedelta(seconds=65), f"GCP gives 60 s, the event says {lead}"
+        assert VM not in event_text(subject, event), "the cloud's names stay the provider's"
+    finally:
+        emulator.close()
+        await reader.close()
+
+
+async def test_an_nvsentinel_fatal_xid_reaches_the_tenant_as_a_gpu_error(
+    nats_server: NatsServer,
+    tenant_broker: NatsTenantBroker,
+    two_tenants: dict[str, UserKeys],
+    kv: KeyValue,
+    provider_secret: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVSentinel's documented fatal XID 79 (GPU fallen off the bus) on GPU 3 of this node: the job on the host gets
+    a critical gpu_error failure naming the GPU, under its pseudonym for the host, and the node name stays ours."""
+    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
+    reader = await tenant_reader(
+        nats_server, tenant_broker, "acme", two_tenants["acme"], name="gpu-health",
+        filter_subjects=(tenant_events_filter("acme", kind="failure"),),
+    )
+    monkeypatch.setattr(runtime, "freeze_startup_heap", lambda: 0)
+    options = AgentOptions(host="h1", locality_group="g1", gpus=4, source=SourceKind.SIMULATED, tick_s=0.1,
+                           launch=False)
+
+    async def failure_arrived() -> bool:
+        await reader.read(wait=0.05)
+        return bool(reader.events)
+
+    try:
+        with running_emulator() as emulator:
+            relay = FakeNvSentinel(emulator)
+            settings = settings_from(
+                monkeypatch, HZ_PROVIDER_SECRET=provider_secret.decode(), HZ_NATS_URL=nats_server.url,
+                HZ_NVSENTINEL_URL=relay.url, HZ_NVSENTINEL_NODE="gpu-node-7",
+            )
+            async with running_agent(settings, options):
+                await eventually(lambda: bool(emulator.requests(relay.path)), timeout=20, what="the agent polling")
+                relay.events.append(health_event(node="gpu-node-7", at=datetime.now(UTC), gpu=3, codes=("79",)))
+                await eventually(failure_arrived, timeout=20, what="acme's failure event")
+        ((subject, event),) = reader.events
+        failure = event.data
+        assert subject == "hz.t.acme.events.failure.train"
+        assert (failure.kind.value, failure.severity.value, failure.gpu_index, failure.reason) == (
+        "gpu_error", "critical", 3, "xid_79")
+        assert failure.host == host_pseudonym(provider_secret, "acme", "h1")
+        assert "gpu-node-7" not in event_text(subject, event), "the node's name stays the provider's"
+    finally:
+        await reader.close()
+
+
+async def test_a_watttime_forecast_is_the_tenants_carbon_signal_in_g_per_kwh(
+    nats_server: NatsServer,
+    tenant_broker: NatsTenantBroker,
+    two_tenants: dict[str, UserKeys],
+    kv: KeyValue,
+    provider_secret: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WattTime's documented forecast in lbs/MWh becomes the job's carbon event in g/kWh (1,000 lbs/MWh = 453.6
+    g/kWh), replacing the replayed trace the simulated host would report."""
+    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
+    reader = await tenant_reader(
+        nats_server, tenant_broker, "acme", two_tenants["acme"], name="carbon-api",
+        filter_subjects=(tenant_events_filter("acme", kind="carbon"),),
+    )
+    monkeypatch.setattr(runtime, "freeze_startup_heap", lambda: 0)
+    options = AgentOptions(host="h1", locality_group="g1", gpus=4, source=SourceKind.SIMULATED, tick_s=0.1,
+                           launch=False)
+
+    async def live_reading() -> bool:
+        await reader.read(wait=0.05)
+        return any(abs(event.data.g_per_kwh - 453.59) < 1.0 for _, event in reader.events)
+
+    try:
+        with running_emulator() as emulator:
+            start = datetime.now(UTC).replace(second=0, microsecond=0)
+            wattime = FakeWattTime(emulator, forecast=watttime_forecast(start, [1000.0, 800.0, 500.0]))
+            settings = settings_from(
+                monkeypatch, HZ_PROVIDER_SECRET=provider_secret.decode(), HZ_NATS_URL=nats_server.url,
+                HZ_CARBON_API="watttime", HZ_CARBON_API_URL=emulator.url, HZ_WATTTIME_USERNAME=wattime.username,
+                HZ_WATTTIME_PASSWORD=wattime.password, HZ_WATTTIME_REGION="CAISO_NORTH",
+            )
+            async with running_agent(settings, options):
+                await eventually(live_reading, timeout=20, what="acme's carbon event from WattTime")
+        live = next(event for _, event in reader.events if abs(event.data.g_per_kwh - 453.59) < 1.0)
+        assert live.subject == "train"
+        assert [round(point.g_per_kwh, 1) for point in live.data.forecast][:2] == [362.9, 226.8]
+    finally:
+        await reader.close()
