@@ -45,7 +45,7 @@ from provider_agents.telemetry.gpu_health import NvSentinelPoller
 from provider_agents.telemetry.notices import AwsInstanceNotices, GcpMaintenanceNotices, NoticeOverlay
 from provider_agents.telemetry.polling import Backoff, PollHealth, PollState, http_client, retry_after_s
 from tests.agents.cloud_notice_emulator import CloudNoticeEmulator
-from tests.agents.conftest import event_text, put_assignment, tenant_reader
+from tests.agents.conftest import TenantReader, event_text, put_assignment, tenant_reader
 from tests.agents.fakes import START, assignment
 from tests.agents.input_emulator import FakeNvSentinel, FakeWattTime, health_event, running_emulator, watttime_forecast
 from tests.support import eventually
@@ -360,6 +360,24 @@ async def test_an_azure_preempt_reaches_the_tenant_whose_job_runs_on_the_host(
         await reader.close()  # again, when the test failed before it was closed
 
 
+async def acme_job_reader(
+    kv: KeyValue, nats_server: NatsServer, tenant_broker: NatsTenantBroker, keys: UserKeys,
+    monkeypatch: pytest.MonkeyPatch, *, kind: str, name: str,
+) -> TenantReader:
+    """What the end-to-end tests share: acme's job `train` placed on h1, a reader of its `kind` events, and the
+    agent's start-up heap freeze off (in the test process it would pin every later test's garbage)."""
+    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
+    monkeypatch.setattr(runtime, "freeze_startup_heap", lambda: 0)
+    return await tenant_reader(nats_server, tenant_broker, "acme", keys, name=name,
+                               filter_subjects=(tenant_events_filter("acme", kind=kind),))
+
+
+def agent_on_h1(gpus: int) -> AgentOptions:
+    """h1's agent on a simulated source, ticking fast, launching nothing."""
+    return AgentOptions(host="h1", locality_group="g1", gpus=gpus, source=SourceKind.SIMULATED, tick_s=0.1,
+                        launch=False)
+
+
 AWS_SPOT = "/latest/meta-data/spot/instance-action"
 GCP_EVENT = "/computeMetadata/v1/instance/maintenance-event"
 GCP_PREEMPTED = "/computeMetadata/v1/instance/preempted"
@@ -380,13 +398,8 @@ async def test_aws_and_gcp_notices_reach_the_tenant_with_their_lead_times(
     """AWS's Spot interruption notice (2 min ahead) and GCP's TERMINATE_ON_HOST_MAINTENANCE (60 s ahead) become the
     job's maintenance event, under the tenant's pseudonym for the host, soon after the metadata service says so (the
     channel tests pin the poll interval plus 50 ms; here the agent's tick and the broker add their part)."""
-    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
-    only_maintenance = (tenant_events_filter("acme", kind="maintenance"),)
-    reader = await tenant_reader(
-        nats_server, tenant_broker, "acme", two_tenants["acme"], name=f"maint-{cloud}",
-        filter_subjects=only_maintenance,
-    )
-    monkeypatch.setattr(runtime, "freeze_startup_heap", lambda: 0)
+    reader = await acme_job_reader(kv, nats_server, tenant_broker, two_tenants["acme"], monkeypatch,
+                                   kind="maintenance", name=f"maint-{cloud}")
     emulator = CloudNoticeEmulator().start()
     emulator.serve(GCP_EVENT, "NONE")
     emulator.serve(GCP_PREEMPTED, "FALSE")
@@ -394,8 +407,7 @@ async def test_aws_and_gcp_notices_reach_the_tenant_with_their_lead_times(
         monkeypatch, HZ_PROVIDER_SECRET=provider_secret.decode(), HZ_NATS_URL=nats_server.url,
         HZ_CLOUD_NOTICES=cloud, HZ_CLOUD_METADATA_URL=emulator.url, HZ_CLOUD_VM_NAME=VM,
     )
-    options = AgentOptions(host="h1", locality_group="g1", gpus=2, source=SourceKind.SIMULATED, tick_s=0.1,
-                           launch=False)
+    options = agent_on_h1(gpus=2)
     watched = AWS_SPOT if cloud == "aws" else GCP_EVENT
 
     async def maintenance_arrived() -> bool:
@@ -440,14 +452,9 @@ async def test_an_nvsentinel_fatal_xid_reaches_the_tenant_as_a_gpu_error(
 ) -> None:
     """NVSentinel's documented fatal XID 79 (GPU fallen off the bus) on GPU 3 of this node: the job on the host gets
     a critical gpu_error failure naming the GPU, under its pseudonym for the host, and the node name stays ours."""
-    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
-    reader = await tenant_reader(
-        nats_server, tenant_broker, "acme", two_tenants["acme"], name="gpu-health",
-        filter_subjects=(tenant_events_filter("acme", kind="failure"),),
-    )
-    monkeypatch.setattr(runtime, "freeze_startup_heap", lambda: 0)
-    options = AgentOptions(host="h1", locality_group="g1", gpus=4, source=SourceKind.SIMULATED, tick_s=0.1,
-                           launch=False)
+    reader = await acme_job_reader(kv, nats_server, tenant_broker, two_tenants["acme"], monkeypatch,
+                                   kind="failure", name="gpu-health")
+    options = agent_on_h1(gpus=4)
 
     async def failure_arrived() -> bool:
         await reader.read(wait=0.05)
@@ -485,14 +492,9 @@ async def test_a_watttime_forecast_is_the_tenants_carbon_signal_in_g_per_kwh(
 ) -> None:
     """WattTime's documented forecast in lbs/MWh becomes the job's carbon event in g/kWh (1,000 lbs/MWh = 453.6
     g/kWh), replacing the replayed trace the simulated host would report."""
-    await put_assignment(kv, assignment("h1", "g1", ("acme", "train")))
-    reader = await tenant_reader(
-        nats_server, tenant_broker, "acme", two_tenants["acme"], name="carbon-api",
-        filter_subjects=(tenant_events_filter("acme", kind="carbon"),),
-    )
-    monkeypatch.setattr(runtime, "freeze_startup_heap", lambda: 0)
-    options = AgentOptions(host="h1", locality_group="g1", gpus=4, source=SourceKind.SIMULATED, tick_s=0.1,
-                           launch=False)
+    reader = await acme_job_reader(kv, nats_server, tenant_broker, two_tenants["acme"], monkeypatch,
+                                   kind="carbon", name="carbon-api")
+    options = agent_on_h1(gpus=4)
 
     async def live_reading() -> bool:
         await reader.read(wait=0.05)
