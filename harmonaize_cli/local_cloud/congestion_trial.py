@@ -26,7 +26,7 @@ from typing import Any
 from harmonaize_cli.local_cloud.tenant_probe import Rate, TenantProbe, inject_scenario
 from provider_agents.telemetry.scenario import CongestionEpisode, Scenario
 
-__all__ = ["ARMS", "ArmResult", "TrialShape", "run_arm"]
+__all__ = ["ARMS", "REPARTITIONER", "ArmResult", "TrialShape", "job_spec", "run_arm"]
 
 ARMS = ("status_quo", "cooperative", "repartition")
 REPARTITIONER = Path(str(importlib.resources.files("tenant_controllers") / "examples" / "congestion_repartitioner.py"))
@@ -46,6 +46,8 @@ class TrialShape:
     waits out TCP's retransmission timeouts (200 ms, doubling), and both arms can stall for seconds a step on a
     loaded machine, a pathology of the queue rather than the congestion the trial is about."""
     groups: tuple[str, str] = ("g1", "g2")
+    log_every: int = 50
+    """Rank 0 logs its loss every this many steps (the rates come from progress reports, not the log)."""
     detect_timeout_s: float = 10.0
     answer_timeout_s: float = 60.0
 
@@ -69,15 +71,16 @@ class ArmResult:
         return {**asdict(self), "kept": self.kept}
 
 
-def job_spec(arm: str, shape: TrialShape) -> dict[str, Any]:
+def job_spec(arm: str, shape: TrialShape, *, suffix: str = "") -> dict[str, Any]:
+    """The arm's job; `suffix` tells apart jobs of the same arm in one cloud (their logs are kept per job id)."""
     allowed = ["none", "fp16", "powersgd"] if arm == "cooperative" else ["none"]
     return {
-        "id": f"congestion-{arm.replace('_', '-')}",
+        "id": f"congestion-{arm.replace('_', '-')}{suffix}",
         "min_workers": shape.workers, "max_workers": shape.workers, "initial_workers": shape.workers,
         "gpus_per_worker": 4,
         "gradient_compression": {"allowed": allowed, **({"powersgd_max_rank": 8} if arm == "cooperative" else {})},
         "entrypoint": ["-m", "workloads.examples.mlp", "--hidden", str(shape.hidden),
-                       "--step-delay-ms", str(shape.step_delay_ms), "--log-every", "50"],
+                       "--step-delay-ms", str(shape.step_delay_ms), "--log-every", str(shape.log_every)],
     }
 
 

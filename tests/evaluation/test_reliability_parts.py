@@ -180,6 +180,20 @@ def test_median_step_time_and_ettr() -> None:
     assert ettr(start=steps[0], end=steps[-1], healthy_step_s=0.1) == pytest.approx(1.5 / 3.9)
 
 
+def test_the_loss_at_the_target_is_the_mean_of_the_last_losses_up_to_it() -> None:
+    run = RoundRun(arm="x", repeat=0, seed=0, index=0, target_step=40)
+    run.steps = [StepLine(ts=float(i), step=i, world=3, loss=1.0, source="x") for i in range(1, 31)]
+    run.steps += [StepLine(ts=30.0 + i, step=10 + i, world=3, loss=0.5, source="x") for i in range(1, 41)]
+    assert run.loss_at_target is None, "not accounted yet: no end"
+    run.end = first_reaching(run.steps, run.target_step)  # what `account` sets
+    assert run.end is not None and run.end.step == 40 and run.end.ts == 60.0
+    # the last LOSS_WINDOW lines up to step 40 (the restart's steps 21..40), not the steps logged after it
+    assert run.loss_at_target == pytest.approx(0.5)
+    run.end = first_reaching(run.steps, 15)
+    assert run.end is not None and run.end.step == 15
+    assert run.loss_at_target == pytest.approx(1.0), "before the restart: the first run's losses"
+
+
 def test_clock_time_picks_the_nearest_day() -> None:
     # just after midnight, a line logged just before it belongs to the previous day
     import datetime as dt

@@ -38,7 +38,7 @@ from typing import Any
 from harmonaize.events import MaintenanceKind
 from harmonaize_cli.evaluation.results import COOPERATIVE, STATUS_QUO, ScenarioResult
 from harmonaize_cli.evaluation.runtime.cloud import EvalContext
-from harmonaize_cli.evaluation.runtime.job_log import LogWatcher, StepLine
+from harmonaize_cli.evaluation.runtime.job_log import LogWatcher, StepLine, first_smoothed_under
 from harmonaize_cli.evaluation.runtime.reliability_events import CHANNELS, LEAD_SCALE
 from harmonaize_cli.local_cloud.tenant_probe import DEMO_TENANT, inject_scenario
 from provider_agents.telemetry.scenario import MaintenanceSpec, Scenario
@@ -125,12 +125,7 @@ def job_spec(job: str, arm: str, target_steps: int) -> dict[str, Any]:
 
 def reached(steps: list[StepLine], target: float) -> StepLine | None:
     """The first logged step at which the mean of the last `SMOOTH` logged losses is at or under `target`."""
-    window: list[float] = []
-    for line in steps:
-        window = [*window[-(SMOOTH - 1):], line.loss]
-        if len(window) == SMOOTH and fmean(window) <= target:
-            return line
-    return None
+    return first_smoothed_under(steps, target, SMOOTH)
 
 
 class _Arm:

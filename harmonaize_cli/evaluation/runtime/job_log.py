@@ -10,7 +10,8 @@ scenario is read from those lines on the wall clock, the same way in both arms:
   resumed from and the last logged before it (`steps_lost`);
 * recovery: from the failure to the first step done after it (`recovery_step`);
 * the healthy step time: the median time between two consecutive steps (`median_step_s`);
-* the effective training time ratio (`ettr`) and the time to a step (`first_reaching`).
+* the effective training time ratio (`ettr`), the time to a step (`first_reaching`) and to a smoothed target loss
+  (`first_smoothed_under`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
+from statistics import fmean, median
 
 __all__ = [
     "STANDBY_TEXT",
@@ -30,6 +31,7 @@ __all__ = [
     "clock_time",
     "ettr",
     "first_reaching",
+    "first_smoothed_under",
     "first_step_after",
     "last_step_before",
     "median_step_s",
@@ -202,6 +204,17 @@ def first_reaching(steps: list[StepLine], step: int, *, after: float = -math.inf
     """The first line logged after `after` at `step` or beyond."""
     for line in steps:
         if line.ts > after and line.step >= step:
+            return line
+    return None
+
+
+def first_smoothed_under(steps: list[StepLine], target: float, window: int) -> StepLine | None:
+    """The first logged step at which the mean of the last `window` logged losses is at or under `target`: a time to
+    a target loss that one lucky step's loss cannot reach on its own."""
+    recent: list[float] = []
+    for line in steps:
+        recent = [*recent[-(window - 1):], line.loss] if window > 1 else [line.loss]
+        if len(recent) == window and fmean(recent) <= target:
             return line
     return None
 

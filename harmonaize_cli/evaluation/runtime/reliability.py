@@ -42,6 +42,7 @@ from harmonaize_cli.evaluation.runtime.reliability_events import (
     DRAWN_CHANNELS,
     FIRST_EVENT_STEPS,
     LEAD_SCALE,
+    LOSS_WINDOW,
     TAIL_STEPS,
     FailureEvent,
     RoundRun,
@@ -84,6 +85,7 @@ async def reliability_scenario(ctx: EvalContext) -> ScenarioResult:
         "ettr": result.metric("ettr", unit="fraction", better="higher", target=">= 0.97"),
         "recovery_s_per_event": result.metric("recovery_s_per_event", unit="s", better="lower"),
         "time_to_target_s": result.metric("time_to_target_s", unit="s", better="lower"),
+        "loss_at_target": result.metric("loss_at_target", unit="MSE", better="lower"),
     }
     prefix = run_marker_prefix()
     workdir = ctx.info.data_dir / "o5-status-quo"
@@ -138,6 +140,8 @@ def _add(metrics: dict[str, Any], arm: str, runs: list[RoundRun]) -> None:
     metrics["steps_lost_per_event"].add(arm, fmean(lost) if lost else math.nan)
     metrics["steps_lost_with_notice"].add(arm, fmean(noticed) if noticed else math.nan)
     metrics["recovery_s_per_event"].add(arm, fmean(recovery) if recovery else math.nan)
+    losses = [run.loss_at_target for run in runs if run.loss_at_target is not None]
+    metrics["loss_at_target"].add(arm, fmean(losses) if len(losses) == len(runs) else math.nan)
     if all(u is not None for u in useful) and all(w is not None for w in wall) and sum(w or 0 for w in wall) > 0:
         metrics["ettr"].add(arm, sum(u or 0 for u in useful) / sum(w or 0 for w in wall))
         metrics["time_to_target_s"].add(arm, fmean(w or 0 for w in wall))
@@ -187,9 +191,12 @@ def _notes(ctx: EvalContext, runs: list[RoundRun], duration_s: float) -> list[st
         "Everything else (detection, restart, rendezvous, reload, steps redone, slower steps around a change, "
         "checkpoint saves) is lost time. Job start-up before the first step is left out in both arms.",
         f"time_to_target_s: wall time from the job's first logged step to its target step (the last event's step + "
-        f"{TAIL_STEPS} plus the notice's lead in steps), the same target in both arms. A number of kept steps, not a "
-        "target loss: the arms' batches are seeded per step and rank, so the same step means the same training "
-        "progress in both, while a loss threshold on a noisy per-step loss would be crossed by chance.",
+        f"{TAIL_STEPS} plus the notice's lead in steps), the same target in both arms. It is the time to a target "
+        "loss, the loss the job has at that step: the arms' batches are seeded per step and rank, so the same step "
+        "means the same training progress in both (a step redone after a restart replays the same batches), while "
+        "a threshold on the loss itself, which falls slowly and noisily on this job past step 150, would be "
+        f"crossed by chance. loss_at_target shows it: the mean of the last {LOSS_WINDOW} losses logged up to the "
+        "target step, per arm (the same within noise when the two arms reached the same point of training).",
         "Cooperative arm: after each failure the killed host's agent is restarted once the job has recovered and the "
         "host was reported down; if the job is below its size then, the harness, as the tenant, asks for "
         f"{WORKERS} workers again (the counterpart of the status quo's replacement node), accepting once the "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import asdict, dataclass, field
+from statistics import fmean
 from typing import Any, Literal
 
 from harmonaize_cli.evaluation.runtime.job_log import (
@@ -30,6 +31,9 @@ event is at least this far on, plus the previous notice's lead."""
 EXTRA_GAP_STEPS = (0, 80)
 TAIL_STEPS = 40
 """The round ends this many steps after its last event's step: the target of `time_to_target_s`."""
+
+LOSS_WINDOW = 20
+"""Logged losses (one per step) averaged into the loss at the target step."""
 
 Kind = Literal["unplanned", "announced"]
 
@@ -188,6 +192,15 @@ class RoundRun:
         return (self.end.step - self.start.step) * self.healthy_step_s
 
     @property
+    def loss_at_target(self) -> float | None:
+        """The mean of the last `LOSS_WINDOW` losses logged up to the target step: the loss `wall_s` is the time to
+        (one step's loss is noisy; the steps before the target are the same steps in both arms)."""
+        if self.end is None:
+            return None
+        before = [line.loss for line in self.steps if line.ts <= self.end.ts and math.isfinite(line.loss)]
+        return fmean(before[-LOSS_WINDOW:]) if before else None
+
+    @property
     def ettr(self) -> float | None:
         if self.start is None or self.end is None or self.healthy_step_s is None:
             return None
@@ -198,7 +211,7 @@ class RoundRun:
         return {
             "arm": self.arm, "repeat": self.repeat, "seed": self.seed, "round": self.index,
             "target_step": self.target_step, "healthy_step_s": self.healthy_step_s, "ettr": self.ettr,
-            "time_to_target_s": self.wall_s,
+            "time_to_target_s": self.wall_s, "loss_at_target": self.loss_at_target,
             "steps": [[round(line.ts - t0, 3), line.step, line.world] for line in self.steps
                       if self.end is None or line.ts <= self.end.ts],  # not the job's release after its target
             "events": [
