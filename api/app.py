@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.console import install_console
 from api.db import make_engine, make_sessionmaker
 from api.errors import install_error_handlers
 from api.limits import ApiLimits, install_limits
@@ -29,9 +30,12 @@ from api.migrate import check_schema_current
 from api.observability import install_observability
 from api.options import NegotiationOptions, NegotiationRuntime
 from api.routes import build_router
+from api.services.event_feed import TenantEventFeed
 from api.services.outbox_relay import OutboxRelay
+from api.services.relay_leadership import RelayLeadership
 from api.services.sweeper import run_sweeper
 from api.services.tenants import TenantRegistry
+from api.shared_buckets import SharedBuckets
 from broker_config.accounts import TenantBroker
 from broker_config.provider_bus import ProviderBus
 from harmonaize import __version__
@@ -80,6 +84,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.resolved_database_url)
         tasks: list[asyncio.Task[None]] = []
+        app.state.event_feed = TenantEventFeed(settings.nats_url.split(","), provider_secret=secret)
         try:
             await check_schema_current(engine)
             sessionmaker = make_sessionmaker(engine)
@@ -87,12 +92,14 @@ def create_app(
                 await registry.reconcile(session)
             app.state.engine = engine
             app.state.sessionmaker = sessionmaker
+            app.state.shared_buckets = SharedBuckets(engine.url) if engine.dialect.name == "postgresql" else None
             relay = None if bus is None else OutboxRelay(
                 sessionmaker,
                 bus,
                 poll_interval=runtime.relay_poll_interval_s,
                 backoff_max=runtime.relay_backoff_max_s,
                 clock=runtime.clock,
+                leadership=RelayLeadership(engine),
             )
             app.state.relay = relay
             wake = relay.wake if relay is not None else (lambda: None)
@@ -107,7 +114,10 @@ def create_app(
             )
             yield
         finally:
+            await app.state.event_feed.close()  # ends every open event stream
             await _stop(tasks)
+            if getattr(app.state, "shared_buckets", None) is not None:
+                await app.state.shared_buckets.aclose()
             await engine.dispose()
 
     app = FastAPI(title="HarmonAIze control plane", version=__version__, lifespan=lifespan)
@@ -121,4 +131,5 @@ def create_app(
     install_limits(app, ApiLimits.from_settings(settings))
     install_observability(app)
     app.include_router(build_router())
+    install_console(app)
     return app

@@ -10,9 +10,10 @@ Negotiation pace. Every write to the negotiation routes (open, accept, counter, 
 caller's bucket: `negotiation_burst` tokens, refilled at `negotiation_rate_per_s`. An empty bucket is a 429 with
 `Retry-After` (whole seconds until the next token) and a reason; reads are never limited. A controller negotiates a
 few times a minute, so the defaults (burst 200, 20/s) only ever stop a runaway loop, which would otherwise hold the
-ledger lock and the database's single writer for every other tenant. Buckets are per process: N API processes allow
-N times the rate, which is still a bound. The key is the authenticated tenant, so unauthenticated callers cannot grow
-the table (they are refused before the limiter runs).
+ledger lock and the database's single writer for every other tenant. On PostgreSQL the buckets live in the database
+(`api.shared_buckets`), so any number of API replicas share one bucket per tenant; on SQLite, with its one API
+process per database file, they live in that process's memory. The key is the authenticated tenant, so
+unauthenticated callers cannot grow the table (they are refused before the limiter runs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.deps import CurrentTenant
 from api.errors import error_response
 from api.schemas import ErrorDetail, ErrorPublic
+from api.shared_buckets import SharedBuckets
 from harmonaize.settings import Settings
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -101,7 +103,11 @@ async def limit_negotiation_writes(request: Request, tenant: CurrentTenant) -> N
     if request.method not in LIMITED_METHODS:
         return
     buckets: TokenBuckets = request.app.state.negotiation_buckets
-    wait = buckets.take(tenant.id)
+    shared: SharedBuckets | None = getattr(request.app.state, "shared_buckets", None)
+    if buckets.rate_per_s > 0 and shared is not None:
+        wait = await shared.take(tenant.id, rate_per_s=buckets.rate_per_s, burst=buckets.burst)
+    else:
+        wait = buckets.take(tenant.id)
     if wait > 0:
         retry_after = max(1, math.ceil(wait))
         raise HTTPException(

@@ -10,6 +10,7 @@ carries the outbox to JetStream, and uvicorn serves in a task of the current loo
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,19 +75,27 @@ class ServingApi:
     port: int
 
     async def stop(self) -> None:
+        """End open event streams first (else the graceful shutdown waits its full window for them), then stop."""
+        feed = getattr(getattr(self.server.config.app, "state", None), "event_feed", None)
+        if feed is not None:
+            await feed.close()
         self.server.should_exit = True
         await self.task
 
 
-async def serve_api(app: FastAPI, *, host: str, port: int, log_level: str = "warning") -> ServingApi:
-    """Start serving `app` (port 0: any free port) and return once it accepts connections."""
+async def serve_api(
+    app: FastAPI, *, host: str, port: int, log_level: str = "warning", listener: socket.socket | None = None
+) -> ServingApi:
+    """Start serving `app` (port 0: any free port; or on `listener`, a socket bound by a parent that several replicas
+    accept on) and return once it accepts connections."""
     server = uvicorn.Server(
         uvicorn.Config(
             app, host=host, port=port, log_level=log_level, lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
-    task = asyncio.create_task(server.serve(), name="hz-api")
+    sockets = None if listener is None else [listener]
+    task = asyncio.create_task(server.serve(sockets=sockets), name="hz-api")
     while not server.started:
         if task.done():
             task.result()

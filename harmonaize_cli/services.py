@@ -5,11 +5,11 @@ part in a container of its own, from one image, so each part needs a command tha
 
 * `harmonaize api serve [--migrate]` serves the control-plane API from `Settings` (HZ_DATABASE_URL, HZ_NATS_URL,
   HZ_ADMIN_TOKEN, HZ_PROVIDER_SECRET, HZ_API_HOST/PORT, HZ_BROKER_CONFIG_FILE) with the outbox relay publishing
-  through a `NatsProviderBus` and tenants provisioned by a `NatsTenantBroker`. `--migrate` first does what
-  `harmonaize db upgrade` does, so one container both migrates and serves (a single API replica; several replicas
-  would run `db upgrade` once in an init step instead). The broker is reloaded **through the system account** by
-  default (`broker_config/reload.py`): the API container shares the rendered config with the broker through a
-  volume, but not a pid namespace, so SIGHUP by pid cannot work there. `--broker-reload pid-file` keeps the
+  through a `NatsProviderBus` and tenants provisioned by a `NatsTenantBroker`. `--migrate` first does what `harmonaize
+  db upgrade` does, so one container both migrates and serves. `--replicas N` serves N API processes behind the one
+  address (migrating once first; `harmonaize_cli/api_replicas.py`). The broker is reloaded **through the system
+  account** by default (`broker_config/reload.py`): the API container shares the rendered config with the broker
+  through a volume, but not a pid namespace, so SIGHUP by pid cannot work there. `--broker-reload pid-file` keeps the
   signal for a broker on the same host.
 * `harmonaize broker render-config` writes the broker's config before the broker starts (compose's one-shot
   `broker-init`): nats-server cannot start without it, and the API waits for a healthy broker. It needs only the
@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 import os
 import shlex
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -89,6 +90,13 @@ def api_serve(
     json_logs: Annotated[
         bool, typer.Option(help="Log JSON lines with request, tenant, job, negotiation and event ids (services).")
     ] = True,
+    replicas: Annotated[
+        int, typer.Option(help="API processes behind the one address, each restarted if it dies (PostgreSQL).",
+                          min=1, max=64)
+    ] = 1,
+    listen_fd: Annotated[
+        int | None, typer.Option(hidden=True, help="A replica: accept on this inherited socket.")
+    ] = None,
 ) -> None:
     """Serve the control-plane API until SIGTERM/SIGINT (settings from HZ_* variables)."""
     from harmonaize import event_loop
@@ -99,6 +107,13 @@ def api_serve(
         configure_json_logging(log_level.upper())
     settings = settings_or_fail()
     secret = _secret(settings)
+    if replicas > 1:
+        _serve_replicas(settings, replicas, migrate=migrate, args=[
+            "--broker-reload", broker_reload.value, "--stream-replicas", str(stream_replicas),
+            "--carbon-speedup", repr(carbon_speedup), "--log-level", log_level,
+            "--json-logs" if json_logs else "--no-json-logs",
+        ])
+        return
     try:
         started = event_loop.run(
             _serve(
@@ -109,6 +124,7 @@ def api_serve(
                 replicas=stream_replicas,
                 carbon_speedup=carbon_speedup,
                 log_level=log_level.lower(),
+                listen_fd=listen_fd,
             ),
             choice=settings.event_loop,
         )
@@ -127,9 +143,9 @@ async def _serve(
     replicas: int,
     carbon_speedup: float,
     log_level: str,
+    listen_fd: int | None = None,
 ) -> bool:
     from api.app import ConfigurationError
-    from api.migrate import upgrade_async
     from api.options import NegotiationOptions
     from api.serving import ApiStartError, provider_api, serve_api
     from broker_config.provisioner import reload_by_pid_file
@@ -139,11 +155,7 @@ async def _serve(
     if not settings.database_url:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     if migrate:
-        try:
-            await upgrade_async(settings)
-        except Exception as exc:  # alembic and the drivers raise many types; the operator needs the message
-            fail(f"migrating the database failed: {str(exc).splitlines()[0] if str(exc) else repr(exc)}")
-        typer.echo("harmonaize api: database at the newest schema", err=True)
+        await _migrate(settings)
     strategy = (
         SystemAccountReload()
         if reload is ReloadMode.system_account
@@ -163,13 +175,42 @@ async def _serve(
         fail(str(exc), code=2)
     try:
         try:
-            serving = await serve_api(served.app, host=settings.api_host, port=settings.api_port, log_level=log_level)
+            listener = None if listen_fd is None else socket.socket(fileno=listen_fd)
+            serving = await serve_api(served.app, host=settings.api_host, port=settings.api_port, log_level=log_level,
+                                      listener=listener)
         except ApiStartError:
             return False
         await serving.task
         return True
     finally:
         await served.aclose()
+
+
+def _serve_replicas(settings: Settings, replicas: int, *, migrate: bool, args: list[str]) -> None:
+    """Migrate once (not once per replica), bind the address, then supervise the replicas until stopped."""
+    from harmonaize import event_loop
+    from harmonaize_cli.api_replicas import bind_listener, supervise
+
+    if migrate:
+        event_loop.run(_migrate(settings), choice=settings.event_loop)
+    try:
+        listener = bind_listener(settings.api_host, settings.api_port)
+    except OSError as exc:
+        fail(f"HZ_API_HOST/HZ_API_PORT {settings.api_host}:{settings.api_port}: cannot listen there ({exc.strerror})",
+             code=2)
+    raise typer.Exit(supervise(listener, replicas, args))
+
+
+async def _migrate(settings: Settings) -> None:
+    from api.migrate import upgrade_async
+
+    if not settings.database_url:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        await upgrade_async(settings)
+    except Exception as exc:  # alembic and the drivers raise many types; the operator needs the message
+        fail(f"migrating the database failed: {str(exc).splitlines()[0] if str(exc) else repr(exc)}")
+    typer.echo("harmonaize api: database at the newest schema", err=True)
 
 
 @api_app.command("bootstrap")

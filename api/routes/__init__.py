@@ -18,6 +18,8 @@ from api.routes import (
     allocations,
     capacity,
     event_consumers,
+    event_stream,
+    fleet,
     health,
     hosts,
     job_runs,
@@ -53,7 +55,7 @@ def build_router() -> APIRouter:
     router = APIRouter(prefix="/v1", responses=_ERRORS, dependencies=[Depends(bind_path_ids)])
     modules = (
         health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, maintenance_approvals,
-        job_runs, metrics,
+        job_runs, metrics, fleet, event_stream,
     )
     for module in modules:
         router.include_router(module.router, **_LIMITED.get(module, _RouterExtras()))

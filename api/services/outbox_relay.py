@@ -8,7 +8,8 @@ carry ids consumers dedup on (JetStream drops the repeat inside its duplicate wi
 
 The relay holds no database connection while it talks to the broker, so a slow or absent broker never blocks the
 API's writers (SQLite has one pooled connection). Rows left undelivered by an earlier process are simply the first
-rows the next relay finds.
+rows the next relay finds. With several API replicas on one database, only the replica holding the relay's lock
+delivers (`relay_leadership`); the others wait their turn, and take over within a poll when it dies.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from api.log_context import log_context
 from api.models import OutboxMessage, OutboxTopic, utcnow
+from api.services.relay_leadership import RelayLeadership
 from broker_config.provider_bus import ProviderBus
 
 _log = logging.getLogger(__name__)
@@ -42,8 +44,11 @@ class OutboxRelay:
         backoff_initial: float = 0.05,
         backoff_max: float = 5.0,
         clock: Callable[[], datetime] = utcnow,
+        leadership: RelayLeadership | None = None,
     ) -> None:
         self._sessions = sessionmaker
+        self.leadership = leadership
+        """None: this relay is the only one (tests, tools); else `run` delivers only while it leads."""
         self._bus = bus
         self._batch_size = batch_size
         self._poll_interval = poll_interval
@@ -62,6 +67,8 @@ class OutboxRelay:
         """Deliver every undelivered row in order; how many. Raises the first delivery failure (after recording it)."""
         delivered = 0
         while True:
+            if delivered and self.leadership is not None and not await self.leadership.held():
+                return delivered  # another replica delivers the rest
             async with self._sessions() as session:
                 rows = (
                     await session.execute(
@@ -101,9 +108,20 @@ class OutboxRelay:
 
     async def run(self) -> None:
         """Deliver until cancelled: after each pass wait for a wake-up or the poll interval; back off on failure."""
+        try:
+            await self._run()
+        finally:
+            if self.leadership is not None:
+                await asyncio.shield(self.leadership.release())
+
+    async def _run(self) -> None:
         backoff = self._backoff_initial
         while True:
             self._wake.clear()
+            if self.leadership is not None and not await self.leadership.held():
+                with contextlib.suppress(TimeoutError):  # another replica delivers; ask again after a poll
+                    await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+                continue
             try:
                 await self.deliver_pending()
             except Exception as exc:  # the broker or the database; both are retried

@@ -301,6 +301,9 @@ class ApiService:
     port: int = 0
     process: Process | None = None
     starts: int = 0
+    replicas: int = 1
+    """More than 1: `--replicas N`, N API processes behind the port under one supervisor (`process`)."""
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from broker_config.server import free_port
@@ -323,6 +326,7 @@ class ApiService:
             HZ_API_PORT=str(self.port),
             HZ_BROKER_CONFIG_FILE=str(self.nats.config_file),
             HZ_BROKER_PID_FILE=str(self.nats.pid_file),
+            **self.extra_env,
         )
 
     async def start(self, *, timeout: float = 60.0) -> None:
@@ -332,7 +336,7 @@ class ApiService:
         self.process = Process(
             f"api-{self.starts}",
             python("-m", "harmonaize_cli", "api", "serve", "--migrate", "--broker-reload", "pid-file",
-                   "--log-level", "warning"),
+                   "--log-level", "warning", "--replicas", str(self.replicas)),
             self.env(),
             self.data_dir / f"api-{self.starts}.log",
         ).start()

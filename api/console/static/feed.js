@@ -1,0 +1,67 @@
+// The tenant's live events from GET /v1/events/stream (Server-Sent Events). EventSource cannot send an
+// Authorization header, so the stream is read with fetch() and a ReadableStream reader, and parsed here. The server
+// ends a stream now and then (its token is checked again on the next one); we reconnect, with a growing pause after
+// failures.
+
+export function openFeed(bearer, { onEvent, onState }) {
+  const abort = new AbortController();
+  let pause = 500;
+
+  async function readOnce() {
+    const response = await fetch("/v1/events/stream", {
+      headers: { Authorization: `Bearer ${bearer}`, Accept: "text/event-stream" },
+      signal: abort.signal,
+    });
+    if (!response.ok) {
+      let reason = response.statusText;
+      try { reason = (await response.json()).reason || reason; } catch { /* not JSON */ }
+      throw Object.assign(new Error(reason), { status: response.status });
+    }
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const message = parse(block);
+        if (!message) continue;
+        if (message.event === "ready") { pause = 500; onState("live"); }
+        else if (message.event === "end") onState("reconnecting");
+        else onEvent(message.event, message.data);
+      }
+    }
+  }
+
+  (async () => {
+    while (!abort.signal.aborted) {
+      try {
+        await readOnce();
+      } catch (error) {
+        if (abort.signal.aborted) return;
+        if (error.status === 401 || error.status === 403) { onState("refused", error.message); return; }
+        onState("offline", error.message);
+        await new Promise((resolve) => setTimeout(resolve, pause));
+        pause = Math.min(pause * 2, 10000);
+      }
+    }
+  })();
+  return () => abort.abort();
+}
+
+function parse(block) {
+  let event = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+    if (field === "event") event = value;
+    else if (field === "data") data.push(value);
+  }
+  return data.length ? { event, data: data.join("\n") } : null;
+}
