@@ -9,7 +9,7 @@ from typing import Self
 from pydantic import BaseModel, Field
 
 from api.models import JobDirective
-from api.models_job_runs import JobTimelineEntry
+from api.models_job_runs import JobProgressSample, JobTimelineEntry
 from api.models_node_failures import JobNodeFailure
 from api.schemas import MAX_INT, MAX_POWERSGD_RANK, _Body
 from harmonaize.events import FailureKind
@@ -133,3 +133,19 @@ class TimelineEntryPublic(BaseModel):
             pause_s=entry.pause_s,
             at=entry.at,
         )
+
+
+class ProgressSamplePublic(BaseModel):
+    """The job's progress at one moment, as its rank 0 reported it (`GET /jobs/{id}/progress`)."""
+
+    at: datetime
+    epoch: int
+    step: int
+    world_size: int
+    loss: float | None
+    samples_per_s: float | None
+
+    @classmethod
+    def from_model(cls, sample: JobProgressSample) -> Self:
+        return cls(at=sample.at, epoch=sample.epoch, step=sample.step, world_size=sample.world_size,
+                   loss=sample.loss, samples_per_s=sample.samples_per_s)

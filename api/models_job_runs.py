@@ -15,7 +15,7 @@ from api.models import ID_LENGTH, Base, UtcDateTime, _enum
 from harmonaize.job_runtime import EpochChange
 from harmonaize.jobs import ParallelPlan
 
-__all__ = ["JobStatus", "JobTimelineEntry"]
+__all__ = ["JobProgressSample", "JobStatus", "JobTimelineEntry"]
 
 
 class JobStatus(Base):
@@ -34,6 +34,8 @@ class JobStatus(Base):
     world_size: Mapped[int] = mapped_column(Integer)
     progress: Mapped[dict[str, object]] = mapped_column(JSON)
     reported_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    sampled_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    """When the job's latest `JobProgressSample` was taken (None: none yet)."""
 
 
 class JobTimelineEntry(Base):
@@ -58,3 +60,24 @@ class JobTimelineEntry(Base):
     pause_s: Mapped[float | None] = mapped_column(Float, default=None)
     """How long the job stood still for the change (`JobProgress.pause_s`)."""
     at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class JobProgressSample(Base):
+    """The job's progress at one moment (step, loss, rate), kept over time for its curves; downsampled on write
+    (`api.services.job_progress`), since a job reports several times a second."""
+
+    __tablename__ = "job_progress_samples"
+    __table_args__ = (
+        ForeignKeyConstraint(["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"),
+        Index("ix_job_progress_samples_tenant_id_job_id_id", "tenant_id", "job_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
+    epoch: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float, default=None)
+    samples_per_s: Mapped[float | None] = mapped_column(Float, default=None)

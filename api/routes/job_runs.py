@@ -19,6 +19,7 @@ from api.job_run_schemas import (
     DirectivePublic,
     JobStatusPublic,
     NodeFailurePublic,
+    ProgressSamplePublic,
     TimelineEntryPublic,
 )
 from api.services import host_outages, job_directives, job_progress, node_failures
@@ -55,6 +56,19 @@ async def get_job_timeline(job_id: JobId, tenant: CurrentTenant, session: Sessio
     await jobs_service.get_job(session, tenant_id=tenant.id, job_id=job_id)
     entries = await job_progress.job_timeline(session, tenant_id=tenant.id, job_id=job_id)
     return [TimelineEntryPublic.from_model(entry) for entry in entries]
+
+
+@router.get("/jobs/{job_id}/progress")
+async def get_job_progress(
+    job_id: JobId,
+    tenant: CurrentTenant,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=2000)] = 500,
+) -> list[ProgressSamplePublic]:
+    """The job's progress over time (step, loss, samples/s), oldest first: its latest `limit` kept samples."""
+    await jobs_service.get_job(session, tenant_id=tenant.id, job_id=job_id)
+    samples = await job_progress.progress_samples(session, tenant_id=tenant.id, job_id=job_id, limit=limit)
+    return [ProgressSamplePublic.from_model(sample) for sample in samples]
 
 
 @router.get("/jobs/{job_id}/directives")

@@ -4,8 +4,10 @@ Reports arrive from whichever host runs the job's global rank 0, at least once a
 launcher may relay a stale file from before a restart), so they are applied monotonically: a report older than the
 stored one (lower epoch, or the same epoch and a lower step) only contributes what is new in it (directive outcomes).
 The timeline gets a row, and the tenant a `JobUpdate` event, whenever the job first runs in a new shape (epoch,
-world size, plan): that is when an agreement was actually carried out, and from which checkpoint. A newer report
-from the job's current epoch moves its phase (`job_lifecycle`): running, or finished with the run's final report.
+world size, plan): that is when an agreement was actually carried out, and from which checkpoint. Newer reports
+are also kept as samples over time (step, loss, rate), downsampled by the job's age, for the job's curves. A newer
+report from the job's current epoch moves its phase (`job_lifecycle`): running, or finished with the run's final
+report.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Job
-from api.models_job_runs import JobStatus, JobTimelineEntry
+from api.models_job_runs import JobProgressSample, JobStatus, JobTimelineEntry
 from api.services.errors import NotFoundError
 from api.services.job_directives import record_outcome
 from api.services.job_lifecycle import JobEvent, advance
@@ -48,21 +50,24 @@ async def report_progress(session: AsyncSession, progress: JobProgress, *, now: 
         newer = status is None or (progress.epoch, progress.step) >= (status.epoch, status.step)
         if newer:
             payload = progress.model_dump(mode="json")
+            reshaped = status is None or (status.epoch, status.world_size) != (progress.epoch, progress.world_size)
             if status is None:
-                session.add(
-                    JobStatus(
-                        tenant_id=tenant_id,
-                        job_id=job_id,
-                        epoch=progress.epoch,
-                        step=progress.step,
-                        world_size=progress.world_size,
-                        progress=payload,
-                        reported_at=now,
-                    )
+                status = JobStatus(
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    epoch=progress.epoch,
+                    step=progress.step,
+                    world_size=progress.world_size,
+                    progress=payload,
+                    reported_at=now,
                 )
+                session.add(status)
             else:
                 status.epoch, status.step, status.world_size = progress.epoch, progress.step, progress.world_size
                 status.progress, status.reported_at = payload, now
+            if reshaped or progress.finished or _sample_due(status.sampled_at, job.created_at, now=now):
+                status.sampled_at = now
+                session.add(_sample(progress, now))
             await _extend_timeline(session, progress, now=now)
             if progress.epoch == job.placement_epoch:
                 advance(job, JobEvent.FINISH if progress.finished else JobEvent.PROGRESS)
@@ -71,6 +76,48 @@ async def report_progress(session: AsyncSession, progress: JobProgress, *, now: 
     except BaseException:
         await session.rollback()
         raise
+
+
+SAMPLE_MIN_S = 1.0
+SAMPLE_TARGET = 500
+"""Samples kept per job age: the period grows with the job's age (`age / SAMPLE_TARGET`, at least `SAMPLE_MIN_S`),
+so a job of any length has a few hundred samples per doubling of its age: fine-grained early, bounded later. The
+first report of each shape (epoch, world size) and the final one are always kept."""
+
+
+def _sample_due(sampled_at: datetime | None, created_at: datetime, *, now: datetime) -> bool:
+    if sampled_at is None:
+        return True
+    period = max(SAMPLE_MIN_S, (now - created_at).total_seconds() / SAMPLE_TARGET)
+    return (now - sampled_at).total_seconds() >= period
+
+
+def _sample(progress: JobProgress, now: datetime) -> JobProgressSample:
+    return JobProgressSample(
+        tenant_id=progress.tenant,
+        job_id=progress.job,
+        at=now,
+        epoch=progress.epoch,
+        step=progress.step,
+        world_size=progress.world_size,
+        loss=progress.loss,
+        samples_per_s=progress.samples_per_s,
+    )
+
+
+async def progress_samples(
+    session: AsyncSession, *, tenant_id: str, job_id: str, limit: int
+) -> list[JobProgressSample]:
+    """The job's latest `limit` samples, oldest first."""
+    newest = list(
+        await session.scalars(
+            select(JobProgressSample)
+            .where(JobProgressSample.tenant_id == tenant_id, JobProgressSample.job_id == job_id)
+            .order_by(JobProgressSample.id.desc())
+            .limit(limit)
+        )
+    )
+    return newest[::-1]
 
 
 async def _extend_timeline(session: AsyncSession, progress: JobProgress, *, now: datetime) -> None:

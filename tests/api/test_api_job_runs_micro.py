@@ -244,12 +244,39 @@ async def test_progress_is_applied_monotonically_and_outcomes_once(
     assert (await timeline(client, running))[-1] == (2, 1, "fsdp", 0, None), "a new plan is a new shape"
 
 
+async def test_progress_is_kept_over_time_downsampled_each_shape_and_the_end_kept(
+    client: httpx.AsyncClient, running: TenantHandle, clock: FakeClock
+) -> None:
+    async def kept() -> list[tuple[int, int, int, float | None]]:
+        response = await client.get("/v1/jobs/train/progress", headers=running.headers)
+        assert response.status_code == 200, response.text
+        return [(s["epoch"], s["step"], s["world_size"], s["loss"]) for s in response.json()]
+
+    assert await kept() == []
+    clock.advance(seconds=1)
+    assert await post_progress(client, report(step=1, loss=4.0))
+    clock.advance(seconds=0.3)
+    assert await post_progress(client, report(step=2, loss=3.9))  # sooner than the period: the status only
+    clock.advance(seconds=0.8)
+    assert await post_progress(client, report(step=3, loss=3.5))  # 1.1 s after the last sample
+    clock.advance(seconds=0.1)
+    assert await post_progress(client, report(epoch=2, step=4, world_size=3, loss=3.4))  # a new shape: kept at once
+    clock.advance(seconds=0.1)
+    assert not await post_progress(client, report(step=9, loss=0.1))  # older epoch: neither status nor sample
+    assert await post_progress(client, report(epoch=2, step=5, world_size=3, loss=3.3, finished=True))  # the end
+    assert await kept() == [(1, 1, 2, 4.0), (1, 3, 2, 3.5), (2, 4, 3, 3.4), (2, 5, 3, 3.3)]
+    limited = await client.get("/v1/jobs/train/progress?limit=2", headers=running.headers)
+    assert [s["step"] for s in limited.json()] == [4, 5], "the latest samples, oldest first"
+    too_many = await client.get("/v1/jobs/train/progress?limit=5000", headers=running.headers)
+    assert too_many.status_code == 422
+
+
 async def test_another_tenant_sees_none_of_it_and_unknown_jobs_are_404(
     client: httpx.AsyncClient, running: TenantHandle, globex: TenantHandle
 ) -> None:
     assert (await client.put(DIRECTIVES, json=IN_RANGE, headers=ADMIN)).status_code == 200
     assert await post_progress(client, report()) is True
-    for view in ("status", "timeline", "directives"):
+    for view in ("status", "timeline", "directives", "progress"):
         response = await client.get(f"/v1/jobs/train/{view}", headers=globex.headers)
         assert (response.status_code, response.json()["reason"]) == (404, "job not found"), view
 

@@ -84,26 +84,16 @@ function renderJobs(container, jobs, state, onSelect) {
   container.replaceChildren(container.firstChild, jobs.length ? rows : el("p", { class: "muted" }, "no jobs yet"));
 }
 
-// The loss as this tab has seen it: the API keeps each job's latest progress (and every shape it ran in), so the
-// loss curve is sampled from the status while the page is open, and kept for the tab's session.
-function lossHistory(tenantId, jobId, progress) {
-  const key = `hz.console.loss.${tenantId}.${jobId}`;
-  const points = JSON.parse(sessionStorage.getItem(key) || "[]");
-  if (progress && progress.loss !== null && progress.loss !== undefined) {
-    const last = points[points.length - 1];
-    if (!last || last.epoch !== progress.epoch || last.step !== progress.step) {
-      points.push({ t: progress.updated_at, epoch: progress.epoch, step: progress.step, loss: progress.loss });
-      points.splice(0, Math.max(0, points.length - LOSS_LIMIT));
-      sessionStorage.setItem(key, JSON.stringify(points));
-    }
-  }
-  return points.map((p) => ({ x: new Date(p.t), y: p.loss }));
+// The loss over time, as the API keeps it: the job's progress samples (downsampled by the job's age), oldest first.
+function lossPoints(samples) {
+  return samples.filter((p) => p.loss !== null && p.loss !== undefined).map((p) => ({ x: new Date(p.at), y: p.loss }));
 }
 
 async function renderJob(container, tenantId, jobId) {
   if (!jobId) { container.replaceChildren(container.firstChild); return; }
   const path = `/v1/jobs/${encodeURIComponent(jobId)}`;
-  const [status, timeline] = await Promise.all([api(`${path}/status`), api(`${path}/timeline`)]);
+  const [status, timeline, samples] = await Promise.all(
+    [api(`${path}/status`), api(`${path}/timeline`), api(`${path}/progress?limit=${LOSS_LIMIT}`)]);
   const progress = status.progress;
   const stat = (label, value, id) => el("div", { "data-testid": id }, el("span", { class: "muted" }, label),
     el("b", {}, value ?? "-"));
@@ -121,8 +111,8 @@ async function renderJob(container, tenantId, jobId) {
     el("div", { class: "charts" },
       el("div", { "data-testid": "world-size-chart" }, el("h3", {}, "World size and plan over time"),
         timeChart(sizes, { step: true, integer: true, name: "world size" })),
-      el("div", { "data-testid": "loss-chart" }, el("h3", {}, "Loss over time (sampled while open)"),
-        timeChart(lossHistory(tenantId, jobId, progress), { name: "loss" }))),
+      el("div", { "data-testid": "loss-chart" }, el("h3", {}, "Loss over time"),
+        timeChart(lossPoints(samples), { name: "loss" }))),
   );
 }
 
