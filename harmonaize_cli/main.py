@@ -119,6 +119,7 @@ def up(
         typer.echo("HarmonAIze local cloud is up  (Ctrl-C stops it)")
         typer.echo(f"  broker (NATS)   {info.nats_url}    log: {info.broker_log}")
         typer.echo(f"  API             {info.api_url}    docs: {info.api_url}/docs")
+        typer.echo(f"  web console     {info.api_url}/console/    (sign in with a token from the env files below)")
         typer.echo(f"  admin env       source {info.admin_env_file}")
         if info.tenant_env_file is not None:
             typer.echo(f"  demo tenant     source {info.tenant_env_file}")
