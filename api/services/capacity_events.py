@@ -13,13 +13,16 @@ plus one exact number that is the job's own business: `max_workers`, the size a 
 
 Level-triggered: the sweeper recomputes every live job's view each tick and publishes those whose digest differs from
 the job's `capacity_digest`, with a guarded update, so a restarted API or a second replica publishes a change once
-and catches up with whatever changed while it was away.
+and catches up with whatever changed while it was away. A tick reads the hosts, the live jobs and the quarantines in
+three queries and sums the fleet once (`FleetFree`), so its cost grows with hosts + jobs, not hosts x jobs.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import select, update
@@ -28,33 +31,57 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.db import rows_matched
 from api.models import Host, Job
 from api.services.outbox import enqueue_tenant_event
-from api.services.worker_replacement import avoided_hosts
+from api.services.worker_replacement import avoided_hosts_of_all
 from harmonaize.events import Capacity, GroupCapacity, bucket_for_free_gpus
 from harmonaize.jobs import JobPhase
 from harmonaize.pseudonyms import locality_pseudonym
 
-__all__ = ["job_capacity", "publish_capacity_changes"]
+__all__ = ["FleetFree", "job_capacity", "publish_capacity_changes"]
 
 LIVE_PHASES = tuple(phase for phase in JobPhase if phase is not JobPhase.FINISHED)
 
 
-def job_capacity(job: Job, hosts: list[Host], *, avoided: frozenset[str], secret: bytes, now: datetime) -> Capacity:
-    """The capacity view of `job` (see the module docstring) over `hosts`, the whole fleet as the ledger has it."""
-    free_by_group: dict[str, int] = {}
-    room = 0
-    for host in hosts:
-        if host.down_at is not None:
-            continue
-        free = host.gpus - host.allocated_gpus
-        free_by_group[host.locality_group] = free_by_group.get(host.locality_group, 0) + free
-        if host.id not in avoided:
-            room += free // job.gpus_per_worker
+@dataclass
+class FleetFree:
+    """What every job's view is computed from, summed once per sweep: free GPUs per up host and per group."""
+
+    free: dict[str, int]
+    """Free GPUs of each host that is up."""
+    by_group: dict[str, int]
+    _workers: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, hosts: list[Host]) -> FleetFree:
+        free = {host.id: host.gpus - host.allocated_gpus for host in hosts if host.down_at is None}
+        by_group: dict[str, int] = {}
+        for host in hosts:
+            if host.down_at is None:
+                by_group[host.locality_group] = by_group.get(host.locality_group, 0) + free[host.id]
+        return cls(free=free, by_group=by_group)
+
+    def whole_workers(self, gpus_per_worker: int) -> int:
+        """Workers of this size that fit on the up hosts, each on one host (summed once per size and sweep)."""
+        if gpus_per_worker not in self._workers:
+            self._workers[gpus_per_worker] = sum(free // gpus_per_worker for free in self.free.values())
+        return self._workers[gpus_per_worker]
+
+
+def job_capacity(job: Job, fleet: FleetFree, *, avoided: frozenset[str], secret: bytes, now: datetime) -> Capacity:
+    """The capacity view of `job` (see the module docstring) over the whole fleet as the ledger has it."""
+    room = fleet.whole_workers(job.gpus_per_worker)
+    room -= sum(fleet.free[host] // job.gpus_per_worker for host in avoided if host in fleet.free)
     groups = sorted(
-        (GroupCapacity(group=locality_pseudonym(secret, job.tenant_id, group), free_gpus=bucket_for_free_gpus(free))
-         for group, free in free_by_group.items()),
+        (GroupCapacity(group=_group_pseudonym(secret, job.tenant_id, group), free_gpus=bucket_for_free_gpus(free))
+         for group, free in fleet.by_group.items()),
         key=lambda entry: entry.group,
     )
     return Capacity(groups=tuple(groups), max_workers=min(job.max_workers, job.desired_workers + room), as_of=now)
+
+
+@functools.lru_cache(maxsize=65536)
+def _group_pseudonym(secret: bytes, tenant_id: str, group: str) -> str:
+    """A tenant's name for a group never changes, and every sweep needs every job's names for every group."""
+    return locality_pseudonym(secret, tenant_id, group)
 
 
 def _digest(view: Capacity) -> str:
@@ -68,10 +95,12 @@ async def publish_capacity_changes(session: AsyncSession, *, secret: bytes, now:
     many were queued."""
     hosts = list(await session.scalars(select(Host).order_by(Host.id)))
     jobs = list(await session.scalars(select(Job).where(Job.phase.in_(LIVE_PHASES)).order_by(Job.tenant_id, Job.id)))
+    fleet = FleetFree.of(hosts)
+    avoided = await avoided_hosts_of_all(session, hosts, secret=secret, now=now)
     queued = 0
     for job in jobs:
-        avoided = await avoided_hosts(session, job, secret=secret, now=now)
-        view = job_capacity(job, hosts, avoided=avoided, secret=secret, now=now)
+        view = job_capacity(job, fleet, avoided=avoided.get((job.tenant_id, job.id), frozenset()), secret=secret,
+                            now=now)
         digest = _digest(view)
         if digest == job.capacity_digest:
             continue

@@ -34,7 +34,7 @@ from api.services.negotiation_policy import NO_REPLACEMENT, Replacement
 from harmonaize.negotiation import NegotiationKind, NegotiationState
 from harmonaize.pseudonyms import host_pseudonym
 
-__all__ = ["QUARANTINE", "ResolvedReplacement", "avoided_hosts", "move_workers", "resolve"]
+__all__ = ["QUARANTINE", "ResolvedReplacement", "avoided_hosts", "avoided_hosts_of_all", "move_workers", "resolve"]
 
 QUARANTINE = timedelta(hours=1)
 """How long a job's new workers stay off a host it replaced. The control plane has no health record of hosts that are
@@ -72,28 +72,57 @@ async def resolve(
 async def avoided_hosts(session: AsyncSession, job: Job, *, secret: bytes, now: datetime) -> frozenset[str]:
     """The hosts the job replaced in an accepted negotiation within `QUARANTINE` and that were not reported back up
     after an outage since (internal ids)."""
-    rows = await session.execute(
-        select(Negotiation.offer, Negotiation.accepted_option, Negotiation.updated_at).where(
-            Negotiation.tenant_id == job.tenant_id,
-            Negotiation.job_id == job.id,
-            Negotiation.kind == NegotiationKind.SCALE,
-            Negotiation.state == NegotiationState.ACCEPTED,
-            Negotiation.updated_at >= now - QUARANTINE,
-        )
+    left = await _replaced_since(session, now=now, job=job)
+    found = left.get((job.tenant_id, job.id))
+    if not found:
+        return frozenset()
+    hosts = [(host, up_at) for host, up_at in await session.execute(select(Host.id, Host.up_at))]
+    return _still_avoided(found, hosts, tenant_id=job.tenant_id, secret=secret)
+
+
+async def avoided_hosts_of_all(
+    session: AsyncSession, hosts: Sequence[Host], *, secret: bytes, now: datetime
+) -> dict[tuple[str, str], frozenset[str]]:
+    """`avoided_hosts` of every job that has any, keyed by (tenant, job), in one query (the capacity sweep's)."""
+    left = await _replaced_since(session, now=now)
+    rows = [(host.id, host.up_at) for host in hosts]
+    return {key: avoided for key, names in left.items()
+            if (avoided := _still_avoided(names, rows, tenant_id=key[0], secret=secret))}
+
+
+async def _replaced_since(
+    session: AsyncSession, *, now: datetime, job: Job | None = None
+) -> dict[tuple[str, str], dict[str, datetime]]:
+    """Per (tenant, job): the host pseudonyms its accepted scale negotiations within `QUARANTINE` replaced, each with
+    when it last left it."""
+    query = select(
+        Negotiation.tenant_id, Negotiation.job_id, Negotiation.offer, Negotiation.accepted_option,
+        Negotiation.updated_at,
+    ).where(
+        Negotiation.kind == NegotiationKind.SCALE,
+        Negotiation.state == NegotiationState.ACCEPTED,
+        Negotiation.updated_at >= now - QUARANTINE,
     )
-    left_at: dict[str, datetime] = {}
-    for offer, index, accepted_at in rows:
+    if job is not None:
+        query = query.where(Negotiation.tenant_id == job.tenant_id, Negotiation.job_id == job.id)
+    left_at: dict[tuple[str, str], dict[str, datetime]] = {}
+    for tenant_id, job_id, offer, index, accepted_at in await session.execute(query):
         # The stored offer is an `Offer` dumped to JSON: its options are dicts (read raw, not re-validated per row).
         options = cast("list[dict[str, Any]]", (offer or {}).get("options") or [])
         if index is not None and 0 <= index < len(options):
             for name in options[index].get("replaced_hosts") or ():
-                left_at[name] = max(accepted_at, left_at.get(name, accepted_at))
-    if not left_at:
-        return frozenset()
-    hosts = await session.execute(select(Host.id, Host.up_at))
+                names = left_at.setdefault((tenant_id, job_id), {})
+                names[name] = max(accepted_at, names.get(name, accepted_at))
+    return left_at
+
+
+def _still_avoided(
+    left_at: dict[str, datetime], hosts: Sequence[tuple[str, datetime | None]], *, tenant_id: str, secret: bytes
+) -> frozenset[str]:
+    """The hosts (internal ids) among `left_at`'s pseudonyms not reported back up since the job left them."""
     avoided = set()
     for host, up_at in hosts:
-        left = left_at.get(host_pseudonym(secret, job.tenant_id, host))
+        left = left_at.get(host_pseudonym(secret, tenant_id, host))
         if left is not None and (up_at is None or up_at <= left):
             avoided.add(host)
     return frozenset(avoided)
