@@ -41,6 +41,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,8 @@ def build_baseline(data_dir: Path, database_url: str) -> Any:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":  # replicas start at once: one creates the table, the rest see it
+                await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7235)")
             await conn.run_sync(Base.metadata.create_all)
         yield
         await engine.dispose()
@@ -241,13 +244,14 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def serve(kind: str, port: int, data_dir: Path, database_url: str) -> int:
+def serve(kind: str, port: int, data_dir: Path, database_url: str, fd: int | None = None) -> int:
     import uvicorn
 
     _exit_with_parent()
     app = build_ours(data_dir, database_url) if kind == "ours" else build_baseline(data_dir, database_url)
     # Keep-alive longer than uvicorn's 5 s default: a connection sits idle while the other scenarios of a round run.
-    config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", access_log=False, lifespan="on",
+    # `fd`: a socket bound by the parent, shared with the other replicas.
+    config = uvicorn.Config(app, host=HOST, port=port, fd=fd, log_level="warning", access_log=False, lifespan="on",
                             timeout_keep_alive=120, loop=event_loop_choice())
     uvicorn.Server(config).run()
     return 0
@@ -258,39 +262,58 @@ def serve(kind: str, port: int, data_dir: Path, database_url: str) -> int:
 
 
 class ServerProcess:
-    def __init__(self, kind: str, data_dir: Path, database_url: str) -> None:
+    """One server subprocess, or with `replicas` > 1 that many sharing one listening socket bound here (as
+    `harmonaize api serve --replicas N` runs them): the kernel spreads the load's connections among them."""
+
+    def __init__(self, kind: str, data_dir: Path, database_url: str, *, replicas: int = 1) -> None:
         from broker_config.server import free_port  # loopback free-port helper
 
         self.kind = kind
         self.port = free_port(HOST)
         self.data_dir = data_dir
         self.database_url = database_url
+        self.replicas = replicas
         self.log = data_dir / f"{kind}-server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.listener: socket.socket | None = None
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
     def start(self) -> None:
+        argv = [sys.executable, str(Path(__file__).resolve()), "--serve", self.kind, "--port", str(self.port),
+                "--data-dir", str(self.data_dir), "--database-url", self.database_url]
+        fds: tuple[int, ...] = ()
+        if self.replicas > 1:
+            self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind((HOST, self.port))
+            self.listener.listen(2048)
+            self.listener.set_inheritable(True)
+            fds = (self.listener.fileno(),)
+            argv += ["--fd", str(self.listener.fileno())]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--serve", self.kind, "--port", str(self.port),
-                 "--data-dir", str(self.data_dir), "--database-url", self.database_url],
-                stdout=log, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parent.parent),
-            )
+            for _ in range(self.replicas):
+                self.procs.append(subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parent.parent),
+                    pass_fds=fds,
+                ))
 
     async def wait_ready(self, path: str, timeout: float = 30.0) -> None:
         deadline = Deadline(timeout)
+        ready = 0
         async with httpx.AsyncClient(base_url=self.url, timeout=2.0) as client:
             while not deadline.expired:
-                if self.proc is not None and self.proc.poll() is not None:
+                if any(proc.poll() is not None for proc in self.procs):
                     raise RuntimeError(f"{self.kind} server exited at start: {self.tail_log()}")
                 try:
-                    if (await client.get(path)).status_code == 200:
+                    # several answers in a row, so a replica still starting is not the only one counted
+                    ready = ready + 1 if (await client.get(path)).status_code == 200 else 0
+                    if ready >= 3 * self.replicas:
                         return
                 except httpx.HTTPError:
-                    pass
+                    ready = 0
                 await asyncio.sleep(0.05)
         raise RuntimeError(f"{self.kind} server not ready within {timeout:.0f} s: {self.tail_log()}")
 
@@ -301,20 +324,23 @@ class ServerProcess:
             return "no log"
 
     def cpu_seconds(self) -> float:
-        """user + system CPU time of the server process so far (Linux /proc), NaN where unavailable."""
-        return proc_cpu_seconds(self.proc.pid if self.proc is not None else None)
+        """user + system CPU time of the server processes so far (Linux /proc), NaN where unavailable."""
+        return sum(proc_cpu_seconds(proc.pid) for proc in self.procs) if self.procs else math.nan
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
             try:
-                self.proc.wait(10)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+                proc.kill()
+                proc.wait()
+        self.procs = []
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
 
 
 RequestFactory = Callable[[int], tuple[str, str, Any, dict[str, str] | None]]
@@ -715,6 +741,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--database-url", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     defaults = {"rounds": (6, 2), "requests": (120, 40), "warmup": (30, 5), "cap": (8.0, 3.0)}
     for name, (full, small) in defaults.items():
@@ -746,7 +773,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve:
-        return serve(args.serve, args.port, args.data_dir, args.database_url)
+        return serve(args.serve, args.port, args.data_dir, args.database_url, args.fd)
     if args.dir:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-api-", dir=args.dir))

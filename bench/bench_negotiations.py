@@ -23,7 +23,8 @@ per-round ratios, latency percentiles over all rounds' samples):
 * base  POST /rows           the baseline insert, the reference for every ratio.
 
 Run from the repository root: `python bench/bench_negotiations.py` (~60-80 s), `--quick` (~15 s),
-`--postgres [URL]` to repeat on PostgreSQL (a fresh database, dropped afterwards), `--help` for sizes.
+`--postgres [URL]` to repeat on PostgreSQL (a fresh database, dropped afterwards), `--replicas N` to serve each side
+from N processes sharing one socket (scaling on PostgreSQL: compare runs at 1 and N), `--help` for sizes.
 No timed assertions: it prints figures. Every loop is bounded in count and in time; only loopback addresses.
 """
 
@@ -229,8 +230,8 @@ async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, d
 
     data_dir = workdir / backend
     data_dir.mkdir(parents=True, exist_ok=True)
-    ours = ServerProcess("ours", data_dir, database_url)
-    base = ServerProcess("baseline", data_dir, database_url)
+    ours = ServerProcess("ours", data_dir, database_url, replicas=args.replicas)
+    base = ServerProcess("baseline", data_dir, database_url, replicas=args.replicas)
     clients: list[LoadClients] = []
     try:
         base.start()
@@ -314,7 +315,8 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], meta:
         f"uvicorn {meta['uvicorn']} ({meta['loop']}), fastapi {meta['fastapi']}, SQLAlchemy {meta['sqlalchemy']}, "
         f"httpx {meta['httpx']}; load: {args.client} client, concurrency {args.concurrency}; {args.rounds} rounds x "
         f"{args.requests} requests per scenario; {args.jobs} jobs for requests, {args.concurrency} for cycles, "
-        f"{args.hosts} hosts; load average at start {meta['loadavg']}",
+        f"{args.hosts} hosts; {args.replicas} server process(es) each, sharing one socket; load average at start "
+        f"{meta['loadavg']}",
         "req/s: median over rounds (min-max), ratio: median of per-round ratios; latencies: percentiles over all "
         "rounds' samples; CPU: server process / load generator, in cores",
     ]
@@ -371,13 +373,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-sqlite", action="store_true", help="skip SQLite (with --postgres)")
     ap.add_argument("--dir", type=Path, help="parent of the temp dir for SQLite files and logs")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (databases, server logs)")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="server processes for ours and for the baseline, sharing one socket (as `harmonaize api "
+                         "serve --replicas N`); for PostgreSQL (default 1)")
     ap.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH ('-': stdout, no table)")
     args = ap.parse_args(argv)
     defaults = {"rounds": (5, 2), "requests": (100, 40), "warmup": (30, 10), "cap": (10.0, 4.0)}
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.quick else full)
-    for name in ("rounds", "requests", "concurrency", "jobs", "hosts"):
+    for name in ("rounds", "requests", "concurrency", "jobs", "hosts", "replicas"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1")
     if args.no_sqlite and not args.postgres:
@@ -415,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         "httpx": package_version("httpx"),
         "loop": f"{event_loop_choice()}/{'httptools' if httptools else 'h11'}",
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "replicas": args.replicas,
         "loadavg": loadavg(),
         "git": git_state(),
     }
