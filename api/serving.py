@@ -55,7 +55,8 @@ def provider_api(
 ) -> ProviderApi:
     """The control plane of a provider whose broker is at `servers` (tenants provisioned into `accounts_file`)."""
     broker = NatsTenantBroker(
-        servers=list(servers), provider_secret=secret, accounts_file=accounts_file, reload=reload, replicas=replicas
+        servers=list(servers), provider_secret=secret, accounts_file=accounts_file, reload=reload, replicas=replicas,
+        stream_max_bytes=settings.tenant_stream_max_bytes,
     )
     bus = NatsProviderBus(list(servers), provider_secret=secret)  # connects when the app starts
     return ProviderApi(app=create_app(settings, broker=broker, bus=bus, negotiation=negotiation), bus=bus)

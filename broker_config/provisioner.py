@@ -39,7 +39,7 @@ from broker_config.render import (
     write_atomically,
 )
 from broker_config.server import BrokerError, check_accounts_text
-from broker_config.streams import ACK_WAIT_S, tenant_events_stream, tenant_pull_consumer
+from broker_config.streams import ACK_WAIT_S, TENANT_STREAM_MAX_BYTES, tenant_events_stream, tenant_pull_consumer
 from harmonaize.subjects import tenant_subject_prefix
 
 
@@ -112,7 +112,8 @@ async def ensure_stream(client: Client, config: StreamConfig) -> None:
         await js.add_stream(config)
         return
     current = info.config
-    if (current.subjects or []) != (config.subjects or []) or (current.sources or []) != (config.sources or []):
+    drifted = (current.subjects or []) != (config.subjects or []) or (current.sources or []) != (config.sources or [])
+    if drifted or current.max_bytes != config.max_bytes:  # a new quota applies to streams made before it
         await js.update_stream(config)
 
 
@@ -145,6 +146,7 @@ class NatsTenantBroker:
         accounts_file: Path,
         reload: Callable[[], None] | SystemAccountReload,
         replicas: int = 1,
+        stream_max_bytes: int = TENANT_STREAM_MAX_BYTES,
         ready_timeout: float = 10.0,
     ) -> None:
         self.servers = list(servers)
@@ -152,6 +154,7 @@ class NatsTenantBroker:
         self.accounts_file = Path(accounts_file)
         self._reload = reload
         self.replicas = replicas
+        self.stream_max_bytes = stream_max_bytes
         self.ready_timeout = ready_timeout
         self._lock = asyncio.Lock()
         self._streams_ready: set[str] = set()
@@ -198,7 +201,8 @@ class NatsTenantBroker:
             provider = await _connect_until_accepted(self.servers, self.keys.provider.seed, deadline=deadline)
             try:
                 for tenant in missing:
-                    await ensure_stream(provider, tenant_events_stream(tenant, replicas=self.replicas))
+                    await ensure_stream(provider, tenant_events_stream(
+                        tenant, replicas=self.replicas, max_bytes=self.stream_max_bytes))
                     self._streams_ready.add(tenant)
             finally:
                 await provider.close()

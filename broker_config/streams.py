@@ -16,7 +16,11 @@ from harmonaize.subjects import TENANT_ROOT, tenant_slice
 
 EVENT_RETENTION_S = 7 * 24 * 3600.0
 DUPLICATE_WINDOW_S = 120.0
-TENANT_STREAM_MAX_BYTES = 1 << 30
+TENANT_STREAM_MAX_BYTES = 128 << 20
+"""A tenant stream's quota (`HZ_TENANT_STREAM_MAX_BYTES`). nats-server reserves each stream's max_bytes against its
+JetStream storage when the stream is created, so the sum over tenants must fit the broker's store: with 1 GiB each,
+51 tenants filled a 69 GB disk's default limit (75 %) here and the 52nd was refused. 128 MiB holds ~300,000 events
+of ~400 B, hours of history at a tenant's usual rate; the oldest go first when it is full."""
 ACK_WAIT_S = 30.0
 """Default time before an unacknowledged event is redelivered (a crashed reader's events come back after it)."""
 ACK_WAIT_BOUNDS_S = (1.0, 600.0)
@@ -26,14 +30,16 @@ class ConsumerFilterError(ValueError):
     """A consumer filter that would reach outside the tenant's slice."""
 
 
-def tenant_events_stream(tenant: str, *, replicas: int = 1) -> StreamConfig:
+def tenant_events_stream(
+    tenant: str, *, replicas: int = 1, max_bytes: int = TENANT_STREAM_MAX_BYTES
+) -> StreamConfig:
     return StreamConfig(
         name=tenant_stream_name(tenant),
         subjects=[tenant_slice(tenant)],
         storage=StorageType.FILE,
         num_replicas=replicas,
         max_age=EVENT_RETENTION_S,
-        max_bytes=TENANT_STREAM_MAX_BYTES,
+        max_bytes=max_bytes,
         duplicate_window=DUPLICATE_WINDOW_S,
     )
 

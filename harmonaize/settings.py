@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         "event survives an OS crash; one fsync per event) or a period like 10s (events of the last period can be "
         "lost if the broker's host crashes; lower latency where fsync is slow).",
     )
+    tenant_stream_max_bytes: int = Field(
+        default=128 << 20,
+        ge=1 << 20,
+        le=1 << 40,
+        description="Each tenant's event stream quota in bytes (the oldest events go first when it is full). The "
+        "broker reserves it per tenant when the stream is made, so tenants x quota must fit its JetStream storage.",
+    )
     event_loop: EventLoopChoice = Field(
         default="auto",
         description="The event loop HarmonAIze's long-running processes (API, agents, controllers, the local cloud) "
