@@ -8,9 +8,11 @@ transaction as the effect, so "done" and "remembered" cannot disagree. Later req
   different answer than the one it missed);
 * other body -> refused (422): the key was reused for a different request, which is a client bug.
 
-Two concurrent first requests are settled by the primary key: the row is inserted (and flushed) before any work,
-so on PostgreSQL the second insert waits for the first transaction and then fails; the loser rolls back and replays
-the winner's response. Failed requests store nothing, so a retry after an error executes again.
+Two concurrent first requests are settled by the primary key: the key's row is inserted, response included, by the
+flush that commits the work (one statement, no separate claim and update), so on PostgreSQL the second insert waits
+for the first transaction and then fails (on SQLite the second request's lookup already finds the first's row: one
+writer at a time); the loser rolls all of its work back and replays the winner's response, so only one effect is
+ever committed. Failed requests store nothing, so a retry after an error executes again.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def fingerprint(body: Mapping[str, Any]) -> str:
 async def lookup(session: AsyncSession, *, tenant_id: str, key: str, request_fingerprint: str) -> StoredResponse | None:
     """The stored response for this key, None for a new key; IdempotencyKeyReusedError for another body."""
     row = await session.get(IdempotencyKey, (tenant_id, key), populate_existing=True)
+    return replay(row, request_fingerprint)
+
+
+def replay(row: IdempotencyKey | None, request_fingerprint: str) -> StoredResponse | None:
+    """`lookup` for a key's row read otherwise (together with what a new request needs: one statement)."""
     if row is None:
         return None
     if row.fingerprint != request_fingerprint:
@@ -58,24 +65,22 @@ async def lookup(session: AsyncSession, *, tenant_id: str, key: str, request_fin
     return StoredResponse(status=row.response_status, body=row.response_body)
 
 
-async def claim(
-    session: AsyncSession, *, tenant_id: str, key: str, request_fingerprint: str, now: datetime
+def claim(
+    session: AsyncSession, *, tenant_id: str, key: str, request_fingerprint: str, response: StoredResponse,
+    now: datetime,
 ) -> IdempotencyKey:
-    """Insert the key (flushed at once) before doing the work; IntegrityError if another request holds it."""
+    """Add the key with its response to the session, to be inserted (at the next flush: the commit) with the work.
+
+    The commit raises IntegrityError if another request committed the key meanwhile (or holds it uncommitted, on
+    PostgreSQL once that one commits): the caller then rolls everything back and replays the stored response.
+    """
     row = IdempotencyKey(
         tenant_id=tenant_id,
         key=key,
         fingerprint=request_fingerprint,
-        response_status=0,
-        response_body=None,
+        response_status=response.status,
+        response_body=response.body,
         created_at=now,
     )
     session.add(row)
-    await session.flush()
     return row
-
-
-def remember(row: IdempotencyKey, response: StoredResponse) -> None:
-    """Store the response in the claimed row (committed with the work)."""
-    row.response_status = response.status
-    row.response_body = response.body

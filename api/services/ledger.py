@@ -27,7 +27,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -41,6 +41,7 @@ from api.services.errors import (
     NotFoundError,
 )
 from api.services.host_assignments import write_host_assignments
+from api.services.ledger_hosts import HostSnapshot, host_preference
 from api.services.ledger_lock import lock_ledger
 
 PLACEMENT_ROUNDS = 3
@@ -111,45 +112,6 @@ async def change_job_workers(
         raise JobLimitError(f"job {job.id!r} may have at most {job.max_workers} workers")
 
 
-async def _host_preference(
-    session: AsyncSession, job: Job, exclude: Collection[str] = ()
-) -> list[tuple[str, str, int]]:
-    """(host, group, free GPUs) of hosts with room for a worker, best first: hosts the job already uses, then its
-    locality groups, then the group with most room (so new workers stay together), then the roomiest host. Hosts in
-    `exclude` are never candidates."""
-    used = await session.execute(
-        select(Allocation.host_id, Host.locality_group, func.sum(Allocation.gpus))
-        .join(Host, Host.id == Allocation.host_id)
-        .where(Allocation.tenant_id == job.tenant_id, Allocation.job_id == job.id, Allocation.released_at.is_(None))
-        .group_by(Allocation.host_id, Host.locality_group)
-    )
-    used_hosts: dict[str, int] = {}
-    used_groups: dict[str, int] = {}
-    for host_id, group, gpus in used:
-        used_hosts[host_id] = int(gpus)
-        used_groups[group] = used_groups.get(group, 0) + int(gpus)
-    free = Host.gpus - Host.allocated_gpus
-    candidates = select(Host.id, Host.locality_group, free).where(free >= job.gpus_per_worker, Host.down_at.is_(None))
-    if exclude:
-        candidates = candidates.where(Host.id.not_in(list(exclude)))
-    rows = (await session.execute(candidates)).all()
-    group_room: dict[str, int] = {}
-    for _, group, host_free in rows:
-        group_room[group] = group_room.get(group, 0) + int(host_free) // job.gpus_per_worker
-    ranked = sorted(
-        rows,
-        key=lambda row: (
-            -used_hosts.get(row[0], 0),
-            -used_groups.get(row[1], 0),
-            -group_room[row[1]],
-            row[1],
-            -int(row[2]),
-            row[0],
-        ),
-    )
-    return [(host_id, group, int(host_free)) for host_id, group, host_free in ranked]
-
-
 async def place_workers(
     session: AsyncSession,
     job: Job,
@@ -168,7 +130,7 @@ async def place_workers(
     placed: list[Placement] = []
     per_worker = job.gpus_per_worker
     for _ in range(PLACEMENT_ROUNDS):
-        for host_id, group, _free in await _host_preference(session, job, exclude_hosts):
+        for host_id, group, _free in await host_preference(session, job, exclude_hosts):
             while len(placed) < count and await _try_reserve(session, host_id, per_worker):
                 allocation = Allocation(
                     id=uuid.uuid4().hex,
@@ -191,12 +153,13 @@ async def place_workers(
 
 
 async def preview_placement(
-    session: AsyncSession, job: Job, count: int, *, exclude_hosts: Collection[str] = ()
+    session: AsyncSession, job: Job, count: int, *, exclude_hosts: Collection[str] = (),
+    snapshot: HostSnapshot | None = None,
 ) -> dict[str, int] | None:
     """Where `place_workers` would put `count` more workers now (workers per host), reserving nothing; None when
     they do not fit. A guess: the ledger may change before anything is placed."""
     plan: dict[str, int] = {}
-    for host_id, _group, free in await _host_preference(session, job, exclude_hosts):
+    for host_id, _group, free in await host_preference(session, job, exclude_hosts, snapshot=snapshot):
         if take := min(count - sum(plan.values()), free // job.gpus_per_worker):
             plan[host_id] = take
     return plan if sum(plan.values()) == count else None

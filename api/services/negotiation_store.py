@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import rows_matched
-from api.models import Negotiation, NegotiationRound
+from api.models import Job, Negotiation, NegotiationRound
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
@@ -91,6 +91,43 @@ async def load(session: AsyncSession, *, tenant_id: str, negotiation_id: str) ->
     if negotiation is None:
         raise NotFoundError(NOT_FOUND)
     return negotiation
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A negotiation about to change, as `load_for_change` reads it."""
+
+    record: NegotiationRecord
+    job: Job | None
+    """None if the job is gone."""
+    warm: bool
+    """Whether it has warm joiners (`api.services.standby`) to stop."""
+
+
+async def load_for_change(session: AsyncSession, *, tenant_id: str, negotiation_id: str) -> Opened:
+    """`load`, with the negotiation's rounds, its job and whether it has warm joiners, all by the same statement.
+
+    The rounds stay exact if the caller's change then wins `change_state`: every step is appended with a change of
+    the version (`change_state`, `expire`, the maintenance outcomes), so one appended since this read makes the
+    version check fail, and nothing is appended to the negotiation after it wins until its transaction ends.
+    The same holds for the warm joiners, written only with a new negotiation or a counter.
+    """
+    warm = select(func.count()).where(StandbyNode.negotiation_id == Negotiation.id).correlate(Negotiation)
+    rows = (
+        await session.execute(
+            select(Negotiation, Job, warm.scalar_subquery(), NegotiationRound)
+            .outerjoin(Job, (Job.tenant_id == Negotiation.tenant_id) & (Job.id == Negotiation.job_id))
+            .outerjoin(NegotiationRound, NegotiationRound.negotiation_id == Negotiation.id)
+            .where(Negotiation.id == negotiation_id, Negotiation.tenant_id == tenant_id)
+            .order_by(NegotiationRound.seq)
+            .execution_options(populate_existing=True)
+        )
+    ).all()
+    if not rows:
+        raise NotFoundError(NOT_FOUND)
+    negotiation, job, warm_rows, _ = rows[0]
+    rounds = [step for *_, step in rows if step is not None]
+    return Opened(NegotiationRecord(negotiation=negotiation, rounds=rounds), job=job, warm=bool(warm_rows))
 
 
 async def load_record(session: AsyncSession, negotiation: Negotiation) -> NegotiationRecord:

@@ -17,21 +17,22 @@ capacity: it queues the approval for the agents of the job's hosts, in their des
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.models import Host, Job, Negotiation, NegotiationRound
+from api.models import IdempotencyKey, Job, Negotiation, Tenant
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
-from api.services.errors import ConflictError, InsufficientCapacityError, InvalidRequestError, NotFoundError
+from api.services.errors import ConflictError, InvalidRequestError, NotFoundError
 from api.services.host_assignments import job_hosts, placed_hosts, write_host_assignments
 from api.services.idempotency import StoredResponse
-from api.services.ledger import change_job_workers, place_workers, release_workers
+from api.services.ledger_hosts import HostSnapshot, host_snapshot
 from api.services.ledger_lock import lock_ledger
 from api.services.maintenance_approvals import queue_approval
 from api.services.negotiation_lifecycle import InvalidTransitionError, Step, next_status
@@ -43,19 +44,20 @@ from api.services.negotiation_policy import (
     Regions,
     decide,
 )
+from api.services.negotiation_resize import replace, resize
 from api.services.negotiation_store import (
     NegotiationRecord,
+    Opened,
     announce,
     append_round,
     change_state,
     expire,
-    load,
-    load_record,
+    load_for_change,
     offer_of,
     public,
 )
 from api.services.standby import stand_by, stand_down
-from api.services.worker_replacement import avoided_hosts, move_workers, resolve
+from api.services.worker_replacement import avoided_hosts, resolve
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
 
@@ -76,29 +78,35 @@ class NegotiationContext:
     """Resolves the tenant's host names in `replace_hosts` (see `worker_replacement`)."""
 
 
-async def _free_capacity(session: AsyncSession, *, exclude: Collection[str] = ()) -> FreeCapacity:
-    """Free GPUs per healthy host: not down, and not one the request replaces."""
-    free = Host.gpus - Host.allocated_gpus
-    query = select(Host.locality_group, free).where(free > 0, Host.down_at.is_(None)).order_by(Host.id)
-    if exclude:
-        query = query.where(Host.id.not_in(list(exclude)))
-    rows = await session.execute(query)
-    return FreeCapacity(hosts=tuple((group, int(gpus)) for group, gpus in rows))
+def _free_capacity(hosts: HostSnapshot, *, exclude: Collection[str] = ()) -> FreeCapacity:
+    """Free GPUs per healthy host (in id order), leaving out the hosts in `exclude`."""
+    return FreeCapacity(hosts=tuple((group, gpus) for host, group, gpus in hosts.rooms if host not in exclude))
 
 
-async def _job(session: AsyncSession, tenant_id: str, job_id: str) -> Job:
-    job = await session.get(Job, (tenant_id, job_id), populate_existing=True)
-    if job is None:
-        raise NotFoundError("job not found")
-    return job
+async def _key_and_job(
+    session: AsyncSession, *, tenant_id: str, key: str, job_id: str
+) -> tuple[IdempotencyKey | None, Job | None]:
+    """The tenant's idempotency key row and the job a new request names (None: absent), by one statement."""
+    row = (
+        await session.execute(
+            select(IdempotencyKey, Job)
+            .select_from(Tenant)
+            .outerjoin(IdempotencyKey, (IdempotencyKey.tenant_id == Tenant.id) & (IdempotencyKey.key == key))
+            .outerjoin(Job, (Job.tenant_id == Tenant.id) & (Job.id == job_id))
+            .where(Tenant.id == tenant_id)
+            .execution_options(populate_existing=True)
+        )
+    ).first()
+    return (None, None) if row is None else (row[0], row[1])
 
 
 async def _answer(
-    session: AsyncSession, job: Job, kind: NegotiationKind, terms: NegotiationTerms, ctx: NegotiationContext
+    session: AsyncSession, job: Job, kind: NegotiationKind, terms: NegotiationTerms, ctx: NegotiationContext, *,
+    avoided: frozenset[str], hosts: HostSnapshot,
 ) -> tuple[NegotiationState, dict[str, object], str]:
-    """Run the policy: (stored state, columns to set, the round's note)."""
+    """Run the policy: (stored state, columns to set, the round's note). `avoided`: `avoided_hosts` of the job;
+    `hosts`: its `host_snapshot`, both read in this transaction (and reused for the warm joiners)."""
     replacing = await resolve(session, job, terms.replace_hosts, secret=ctx.pseudonym_secret)
-    avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=ctx.now)
     decision = decide(
         kind,
         terms,
@@ -110,7 +118,7 @@ async def _answer(
             parallel_plan=job.parallel_plan,
             placed_hosts=len(placed_hosts(job)),
         ),
-        capacity=await _free_capacity(session, exclude=replacing.host_ids | avoided),
+        capacity=_free_capacity(hosts, exclude=replacing.host_ids | avoided),
         carbon=ctx.forecast.points(ctx.now),
         regions=Regions(current=ctx.region, known=ctx.known_regions or (ctx.region,)),
         now=ctx.now,
@@ -126,20 +134,26 @@ async def _answer(
     return NegotiationState(state), values, note
 
 
+async def _append(session: AsyncSession, record: NegotiationRecord, action: RoundAction, **step: Any) -> None:
+    """Append a step to `record`, numbered after its last one (the rounds as read with the negotiation, exact once
+    the change this step records wins `change_state`: `load_for_change`): no `max(seq)` read, no re-read at the end."""
+    seq = record.rounds[-1].seq + 1 if record.rounds else 1
+    record.rounds.append(await append_round(session, record.negotiation, action, seq=seq, **step))
+
+
 async def _record_answer(
-    session: AsyncSession, negotiation: Negotiation, state: NegotiationState, note: str, now: datetime,
-    *, seq: int | None = None,
-) -> NegotiationRound:
+    session: AsyncSession, record: NegotiationRecord, state: NegotiationState, note: str, now: datetime
+) -> None:
     action = RoundAction.OFFER if state is NegotiationState.OFFERED else RoundAction.DECLINE
-    step = await append_round(session, negotiation, action, at=now, offer=offer_of(negotiation), note=note, seq=seq)
-    announce(session, negotiation, now=now)
-    return step
+    await _append(session, record, action, at=now, offer=offer_of(record.negotiation), note=note)
+    announce(session, record.negotiation, now=now)
 
 
 async def _open(
-    session: AsyncSession, *, tenant_id: str, request: NegotiationRequest, ctx: NegotiationContext
+    session: AsyncSession, *, tenant_id: str, request: NegotiationRequest, job: Job | None, ctx: NegotiationContext
 ) -> NegotiationRecord:
-    job = await _job(session, tenant_id, request.job)
+    if job is None:
+        raise NotFoundError("job not found")
     next_status(Step.NEW, RoundAction.REQUEST)
     negotiation = Negotiation(
         id=uuid7(),
@@ -153,33 +167,35 @@ async def _open(
         created_at=ctx.now,
         updated_at=ctx.now,
     )
-    state, values, note = await _answer(session, job, request.kind, request.terms, ctx)
+    avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=ctx.now)
+    hosts = await host_snapshot(session, job)
+    state, values, note = await _answer(session, job, request.kind, request.terms, ctx, avoided=avoided, hosts=hosts)
     negotiation.state = state
     for name, value in values.items():
         setattr(negotiation, name, value)
     session.add(negotiation)
     await session.flush()  # the row first: its rounds and outbox event refer to it
-    # A new negotiation's steps are 1 (the request) and 2 (the answer): no max(seq) reads, no re-read afterwards.
-    request_step = await append_round(session, negotiation, RoundAction.REQUEST, at=ctx.now, terms=request.terms, seq=1)
-    answer_step = await _record_answer(session, negotiation, state, note, ctx.now, seq=2)
-    await _warm_joiners(session, negotiation, job, ctx)
-    return NegotiationRecord(negotiation=negotiation, rounds=[request_step, answer_step])
+    record = NegotiationRecord(negotiation=negotiation, rounds=[])  # a new negotiation's steps: 1 and 2
+    await _append(session, record, RoundAction.REQUEST, at=ctx.now, terms=request.terms)
+    await _record_answer(session, record, state, note, ctx.now)
+    await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, locked=False)
+    return record
 
 
 async def _warm_joiners(
-    session: AsyncSession, negotiation: Negotiation, job: Job, ctx: NegotiationContext, *,
-    dropped: Collection[str] = (),
+    session: AsyncSession, negotiation: Negotiation, job: Job, ctx: NegotiationContext, *, avoided: frozenset[str],
+    hosts: HostSnapshot, locked: bool, dropped: Collection[str] = (),
 ) -> None:
     """Start the joiners of the offer now made (if it grows the job) and stop those of the one it replaces
-    (`dropped`): their hosts' assignments are rewritten in this transaction (`api.services.standby`)."""
-    if negotiation.state is NegotiationState.OFFERED:
-        await lock_ledger(session)  # host assignments are written under the ledger lock, as the accept writes them
-        avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=ctx.now)
-        hosts = await stand_by(session, negotiation, job, now=ctx.now, secret=ctx.pseudonym_secret, avoid=avoided)
-    else:
-        hosts = set()
-    if hosts or dropped:
-        await write_host_assignments(session, hosts | set(dropped), now=ctx.now)
+    (`dropped`): their hosts' assignments are rewritten in this transaction (`api.services.standby`), under the
+    ledger lock, as the accept writes them (taken here unless `locked`: the caller holds it)."""
+    warmed = await stand_by(
+        session, negotiation, job, now=ctx.now, secret=ctx.pseudonym_secret, avoid=avoided, snapshot=hosts
+    )
+    if warmed or dropped:
+        if not locked:
+            await lock_ledger(session)
+        await write_host_assignments(session, warmed | set(dropped), now=ctx.now)
 
 
 async def open_negotiation(
@@ -192,16 +208,16 @@ async def open_negotiation(
     """
     request_fingerprint = idempotency.fingerprint(request.model_dump(mode="json"))
     lookup = {"tenant_id": tenant_id, "key": idempotency_key, "request_fingerprint": request_fingerprint}
-    stored = await idempotency.lookup(session, **lookup)
+    key_row, job = await _key_and_job(session, tenant_id=tenant_id, key=idempotency_key, job_id=request.job)
+    stored = idempotency.replay(key_row, request_fingerprint)
     if stored is not None:
         await session.rollback()
         return stored
     try:
-        claimed = await idempotency.claim(session, **lookup, now=ctx.now)
-        record = await _open(session, tenant_id=tenant_id, request=request, ctx=ctx)
+        record = await _open(session, tenant_id=tenant_id, request=request, job=job, ctx=ctx)
         response = StoredResponse(status=201, body=public(record).model_dump(mode="json"))
-        idempotency.remember(claimed, response)
-        await session.commit()
+        idempotency.claim(session, **lookup, response=response, now=ctx.now)
+        await session.commit()  # the key, its response and the negotiation: one flush, one commit
         return response
     except IntegrityError:
         await session.rollback()
@@ -217,17 +233,25 @@ async def open_negotiation(
 
 async def _load_open(
     session: AsyncSession, *, tenant_id: str, negotiation_id: str, action: RoundAction, now: datetime
-) -> Negotiation:
-    """The negotiation, if `action` is allowed now; an offer found expired is marked so (committed) and refused."""
-    negotiation = await load(session, tenant_id=tenant_id, negotiation_id=negotiation_id)
+) -> tuple[Opened, Job]:
+    """The negotiation with its rounds and its job (one read: `load_for_change`), if `action` is allowed now; an
+    offer found expired is marked so (committed) and refused."""
+    opened = await load_for_change(session, tenant_id=tenant_id, negotiation_id=negotiation_id)
+    negotiation = opened.record.negotiation
     if await expire(session, negotiation, now=now):
         await session.commit()
     next_status(negotiation.state, action)
-    return negotiation
+    if opened.job is None:
+        raise NotFoundError("job not found")
+    return opened, opened.job
 
 
-async def _finish(session: AsyncSession, negotiation: Negotiation) -> NegotiationRecord:
-    record = await load_record(session, negotiation)
+async def _stand_down(session: AsyncSession, opened: Opened) -> set[str]:
+    """`stand_down`, without a statement when the negotiation had no warm joiners when read."""
+    return await stand_down(session, opened.record.negotiation.id) if opened.warm else set()
+
+
+async def _finish(session: AsyncSession, record: NegotiationRecord) -> NegotiationRecord:
     await session.commit()
     return record
 
@@ -238,22 +262,25 @@ async def counter(
     """The tenant's new terms; the provider answers in a new round (offered again, or declined)."""
     try:
         await lock_ledger(session)  # first: the answer may rewrite host assignments (warm joiners)
-        negotiation = await _load_open(
+        opened, job = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.COUNTER, now=ctx.now
         )
+        record, negotiation = opened.record, opened.record.negotiation
         if negotiation.round >= MAX_ROUNDS:
             raise ConflictError(f"negotiation has reached {MAX_ROUNDS} rounds: accept, reject or start a new one")
-        job = await _job(session, tenant_id, negotiation.job_id)
-        state, values, note = await _answer(session, job, negotiation.kind, terms, ctx)
+        avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=ctx.now)
+        hosts = await host_snapshot(session, job)
+        state, values, note = await _answer(session, job, negotiation.kind, terms, ctx, avoided=avoided, hosts=hosts)
         round_number = negotiation.round + 1
         await change_state(
             session, negotiation, RoundAction.COUNTER, now=ctx.now, state=state, round=round_number,
             terms=terms.model_dump(mode="json"), **values,
         )
-        await append_round(session, negotiation, RoundAction.COUNTER, at=ctx.now, terms=terms)
-        await _record_answer(session, negotiation, state, note, ctx.now)
-        await _warm_joiners(session, negotiation, job, ctx, dropped=await stand_down(session, negotiation.id))
-        return await _finish(session, negotiation)
+        await _append(session, record, RoundAction.COUNTER, at=ctx.now, terms=terms)
+        await _record_answer(session, record, state, note, ctx.now)
+        dropped = await _stand_down(session, opened)
+        await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, locked=True, dropped=dropped)
+        return await _finish(session, record)
     except BaseException:
         await session.rollback()
         raise
@@ -264,16 +291,17 @@ async def _close(
 ) -> NegotiationRecord:
     try:
         await lock_ledger(session)  # first: the warm joiners' hosts are rewritten
-        negotiation = await _load_open(
+        opened, _job = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=action, now=now
         )
+        record, negotiation = opened.record, opened.record.negotiation
         await change_state(session, negotiation, action, now=now)
-        await append_round(session, negotiation, action, at=now, note=note)
+        await _append(session, record, action, at=now, note=note)
         announce(session, negotiation, now=now)
-        standby_hosts = await stand_down(session, negotiation.id)
+        standby_hosts = await _stand_down(session, opened)
         if standby_hosts:
             await write_host_assignments(session, standby_hosts, now=now)
-        return await _finish(session, negotiation)
+        return await _finish(session, record)
     except BaseException:
         await session.rollback()
         raise
@@ -308,27 +336,26 @@ async def accept(
     now = ctx.now
     try:
         await lock_ledger(session)
-        negotiation = await _load_open(
+        opened, job = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.ACCEPT, now=now
         )
+        record, negotiation = opened.record, opened.record.negotiation
         offer = offer_of(negotiation)
         assert offer is not None, "an offered negotiation has an offer"
         if option >= len(offer.options):
             raise InvalidRequestError(f"option {option} does not exist: the offer has {len(offer.options)} option(s)")
         chosen = offer.options[option]
         await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option)
-        job = await _job(session, tenant_id, negotiation.job_id)
         hosts: set[str] = set()
-        avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=now)
+        secret, expires_at = ctx.pseudonym_secret, offer.expires_at
         if chosen.replaced_hosts and chosen.workers is not None:
-            hosts |= await _replace(
-                session, job, chosen.replaced_hosts, chosen.workers, ctx, avoid=avoided, expires_at=offer.expires_at
+            hosts |= await replace(
+                session, job, chosen.replaced_hosts, chosen.workers, now=now, secret=secret, expires_at=expires_at
             )
         elif chosen.workers is not None and chosen.workers != job.desired_workers:
             starts_at = chosen.start_at if chosen.start_at is not None and chosen.start_at > now else None
-            hosts |= await _resize(
-                session, job, chosen.workers, now=now, starts_at=starts_at, avoid=avoided,
-                expires_at=offer.expires_at,
+            hosts |= await resize(
+                session, job, chosen.workers, now=now, starts_at=starts_at, secret=secret, expires_at=expires_at
             )
         if chosen.parallel_plan is not None and chosen.parallel_plan is not job.parallel_plan:
             await session.execute(
@@ -341,48 +368,14 @@ async def accept(
         if negotiation.kind is NegotiationKind.APPROVE_MAINTENANCE:
             hosts |= await queue_approval(session, negotiation, job, now=now)
         # the warm joiners' hosts: the accept's own placement makes the ones it uses members, the rest stop
-        hosts |= await stand_down(session, negotiation.id)
+        hosts |= await _stand_down(session, opened)
         await write_host_assignments(session, hosts, now=now)
-        await append_round(session, negotiation, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
+        await _append(session, record, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
         announce(session, negotiation, now=now)
-        return await _finish(session, negotiation)
+        return await _finish(session, record)
     except BaseException:
         await session.rollback()
         raise
-
-
-async def _resize(
-    session: AsyncSession, job: Job, workers: int, *, now: datetime, starts_at: datetime | None,
-    avoid: frozenset[str], expires_at: datetime,
-) -> set[str]:
-    delta = workers - job.desired_workers
-    await change_job_workers(session, job, delta, expected_workers=job.desired_workers)
-    if delta < 0:
-        return await release_workers(session, job, -delta, now=now)
-    try:
-        placed = await place_workers(session, job, delta, now=now, starts_at=starts_at, exclude_hosts=avoid)
-    except InsufficientCapacityError as exc:
-        raise _capacity_gone(exc, expires_at) from exc
-    return {placement.allocation.host_id for placement in placed}
-
-
-async def _replace(
-    session: AsyncSession, job: Job, names: Sequence[str], workers: int, ctx: NegotiationContext, *,
-    avoid: frozenset[str], expires_at: datetime,
-) -> set[str]:
-    resolved = await resolve(session, job, names, secret=ctx.pseudonym_secret)
-    try:
-        return await move_workers(session, job, resolved.host_ids, workers, now=ctx.now, avoid=avoid)
-    except InsufficientCapacityError as exc:
-        raise _capacity_gone(exc, expires_at) from exc
-
-
-def _capacity_gone(exc: InsufficientCapacityError, expires_at: datetime) -> InsufficientCapacityError:
-    until = expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return InsufficientCapacityError(
-        f"the capacity for this option is gone: {exc.reason}. Nothing changed; the offer stays open until "
-        f"{until}: counter with fewer workers"
-    )
 
 
 __all__ = [

@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Job, Negotiation
 from api.models_standby import StandbyNode
-from api.services.host_assignments import job_hosts
 from api.services.ledger import preview_placement
+from api.services.ledger_hosts import HostSnapshot, host_snapshot
 from api.services.negotiation_store import offer_of
 from api.services.worker_replacement import resolve
 from harmonaize.negotiation import NegotiationState
@@ -38,14 +38,19 @@ __all__ = ["stand_by", "stand_down"]
 
 async def stand_by(
     session: AsyncSession, negotiation: Negotiation, job: Job, *, now: datetime, secret: bytes,
-    avoid: Collection[str] = (),
+    avoid: Collection[str] = (), snapshot: HostSnapshot | None = None,
 ) -> set[str]:
     """Record where `negotiation`'s open offer would add nodes to `job`; returns those hosts (no commit; the caller
-    rewrites their assignments). `avoid`: hosts the accept would not use either."""
+    rewrites their assignments). `avoid`: hosts the accept would not use either. `snapshot`: the job's
+    `ledger_hosts.host_snapshot` if the caller read it in this transaction already."""
     offer = offer_of(negotiation)
     if offer is None or negotiation.state is not NegotiationState.OFFERED:
         return set()
-    running_on = await job_hosts(session, tenant_id=job.tenant_id, job_id=job.id)
+    if not any(option.workers is not None and (option.workers > job.desired_workers or option.replaced_hosts)
+               for option in offer.options):
+        return set()  # no option adds a node: nothing to read
+    snapshot = await host_snapshot(session, job) if snapshot is None else snapshot
+    running_on = set(snapshot.usage)  # the hosts holding any live allocation of the job (effective or reserved)
     best: dict[str, int] = {}
     for option in offer.options:
         if option.workers is None or (option.start_at is not None and option.start_at > now):
@@ -58,19 +63,20 @@ async def stand_by(
             kept -= resolved.replacement.workers
         if option.workers <= kept:
             continue
-        plan = await preview_placement(session, job, option.workers - kept, exclude_hosts=exclude)
+        plan = await preview_placement(
+            session, job, option.workers - kept, exclude_hosts=exclude, snapshot=snapshot
+        )
         new_nodes = {host: workers for host, workers in (plan or {}).items() if host not in running_on}
         if sum(new_nodes.values()) > sum(best.values()):
             best = new_nodes
     for host, workers in sorted(best.items()):
         session.add(StandbyNode(negotiation_id=negotiation.id, host_id=host, workers=workers))
-    await session.flush()
-    return set(best)
+    return set(best)  # the rows go with the transaction's next flush
 
 
 async def stand_down(session: AsyncSession, negotiation_id: str) -> set[str]:
     """Drop `negotiation_id`'s warm joiners; returns their hosts (no commit; the caller rewrites them if needed)."""
-    hosts = set(await session.scalars(select(StandbyNode.host_id).where(StandbyNode.negotiation_id == negotiation_id)))
-    if hosts:
-        await session.execute(delete(StandbyNode).where(StandbyNode.negotiation_id == negotiation_id))
-    return hosts
+    dropped = await session.scalars(
+        delete(StandbyNode).where(StandbyNode.negotiation_id == negotiation_id).returning(StandbyNode.host_id)
+    )
+    return set(dropped)

@@ -106,7 +106,8 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path, nats_server: 
     try:
         await api.start()
         assert api.process is not None
-        await eventually(lambda: len(children(api.process.pid)) == REPLICAS, timeout=30, what="3 replicas running")
+        supervisor = api.process.pid
+        await eventually(lambda: len(children(supervisor)) == REPLICAS, timeout=30, what="3 replicas running")
         yield api, url
     finally:
         await api.stop()
@@ -180,7 +181,8 @@ async def test_a_replica_killed_under_load_loses_no_request(replicas: tuple[ApiS
     assert {r.status_code for r, _ in answers} == {201}, Counter(r.status_code for r, _ in answers)
     assert len({r.json()["id"] for r, _ in answers}) == requests, "one negotiation per key"
     assert await _count(url, "negotiations") == requests, "no key opened twice, none lost"
-    await eventually(lambda: len(children(api.process.pid)) == REPLICAS and victim not in children(api.process.pid),
+    supervisor = api.process.pid
+    await eventually(lambda: len(children(supervisor)) == REPLICAS and victim not in children(supervisor),
                      timeout=30, what="the supervisor replacing the killed replica")
     await eventually(lambda: _all_delivered(url), timeout=30, what="every outbox row delivered")
 

@@ -1,0 +1,58 @@
+"""Carrying out an accepted option's size: the job's workers placed or released, or moved off the hosts it replaces.
+
+Inside the accept's transaction, under the ledger lock (`negotiations.accept`). New workers never go to a host the
+job is kept off (`worker_replacement.avoided_hosts`); a release may free any. When the workers no longer fit,
+InsufficientCapacityError says that nothing changed and until when the offer stays open (the caller rolls back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.models import Job
+from api.services.errors import InsufficientCapacityError
+from api.services.ledger import change_job_workers, place_workers, release_workers
+from api.services.worker_replacement import avoided_hosts, move_workers, resolve
+
+__all__ = ["replace", "resize"]
+
+
+async def resize(
+    session: AsyncSession, job: Job, workers: int, *, now: datetime, starts_at: datetime | None, secret: bytes,
+    expires_at: datetime,
+) -> set[str]:
+    """Bring `job` to `workers` (the hosts touched); placed workers start at `starts_at` (None: now)."""
+    delta = workers - job.desired_workers
+    await change_job_workers(session, job, delta, expected_workers=job.desired_workers)
+    if delta < 0:
+        return await release_workers(session, job, -delta, now=now)
+    avoid = await avoided_hosts(session, job, secret=secret, now=now)
+    try:
+        placed = await place_workers(session, job, delta, now=now, starts_at=starts_at, exclude_hosts=avoid)
+    except InsufficientCapacityError as exc:
+        raise _capacity_gone(exc, expires_at) from exc
+    return {placement.allocation.host_id for placement in placed}
+
+
+async def replace(
+    session: AsyncSession, job: Job, names: Sequence[str], workers: int, *, now: datetime, secret: bytes,
+    expires_at: datetime,
+) -> set[str]:
+    """Move `job`'s workers off the hosts the tenant named (`names`), to `workers` in all (the hosts touched)."""
+    avoid = await avoided_hosts(session, job, secret=secret, now=now)
+    resolved = await resolve(session, job, names, secret=secret)
+    try:
+        return await move_workers(session, job, resolved.host_ids, workers, now=now, avoid=avoid)
+    except InsufficientCapacityError as exc:
+        raise _capacity_gone(exc, expires_at) from exc
+
+
+def _capacity_gone(exc: InsufficientCapacityError, expires_at: datetime) -> InsufficientCapacityError:
+    until = expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return InsufficientCapacityError(
+        f"the capacity for this option is gone: {exc.reason}. Nothing changed; the offer stays open until "
+        f"{until}: counter with fewer workers"
+    )
