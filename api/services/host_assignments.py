@@ -86,58 +86,69 @@ async def _job_placement(session: AsyncSession, job: Job, *, now: datetime) -> d
     return {"plan": job.parallel_plan.value, "hosts": dict(sorted(hosts.items()))}
 
 
-async def compute_assignment(session: AsyncSession, host_id: str, *, generation: int, now: datetime) -> HostAssignment:
-    """What should run on `host_id` at `now`, from the ledger (jobs sorted by tenant and id)."""
-    group = await session.scalar(select(Host.locality_group).where(Host.id == host_id))
+async def _compute(
+    session: AsyncSession, hosts: dict[str, tuple[int, str]], *, now: datetime
+) -> list[HostAssignment]:
+    """The assignments of `hosts` (id -> its generation and group), in id order, read in three statements however
+    many hosts: their jobs, those jobs' open approvals, and the standby nodes on them."""
     rows = await session.execute(
-        select(Job, func.sum(Allocation.gpus))
+        select(Allocation.host_id, Job, func.sum(Allocation.gpus))
         .join(Job, (Job.tenant_id == Allocation.tenant_id) & (Job.id == Allocation.job_id))
-        .where(Allocation.host_id == host_id, *_effective(now))
-        .group_by(Job.tenant_id, Job.id)
+        .where(Allocation.host_id.in_(list(hosts)), *_effective(now))
+        .group_by(Allocation.host_id, Job.tenant_id, Job.id)
         .execution_options(populate_existing=True)
-        .order_by(Job.tenant_id, Job.id)
+        .order_by(Allocation.host_id, Job.tenant_id, Job.id)
     )
-    placed = [(job, int(gpus)) for job, gpus in rows]
-    approvals = await open_approvals(session, {(job.tenant_id, job.id) for job, _ in placed}, now=now)
-    jobs = [
-        _assigned(job, workers=gpus // job.gpus_per_worker, epoch=job.placement_epoch,
-                  nodes=len(_placement_hosts(job.placement)), restart=job.restart_mode,
-                  approvals=approvals.get((job.tenant_id, job.id), ()))
-        for job, gpus in placed
-    ]
-    keys = {(job.tenant, job.job) for job in jobs}
-    standby = [job for job in await _standby_jobs(session, host_id, now=now) if (job.tenant, job.job) not in keys]
-    return HostAssignment(
-        host=host_id, locality_group=group or "", generation=generation, jobs=tuple(jobs), standby=tuple(standby),
-        updated_at=now,
+    placed: dict[str, list[tuple[Job, int]]] = {}
+    for host_id, job, gpus in rows:
+        placed.setdefault(host_id, []).append((job, int(gpus)))
+    approvals = await open_approvals(
+        session, {(job.tenant_id, job.id) for jobs in placed.values() for job, _ in jobs}, now=now
     )
+    standby = await _standby_jobs(session, list(hosts), now=now)
+    assignments = []
+    for host_id, (generation, group) in sorted(hosts.items()):
+        jobs = [
+            _assigned(job, workers=gpus // job.gpus_per_worker, epoch=job.placement_epoch,
+                      nodes=len(_placement_hosts(job.placement)), restart=job.restart_mode,
+                      approvals=approvals.get((job.tenant_id, job.id), ()))
+            for job, gpus in placed.get(host_id, [])
+        ]
+        keys = {(job.tenant, job.job) for job in jobs}
+        warm = [job for job in standby.get(host_id, []) if (job.tenant, job.job) not in keys]
+        assignments.append(HostAssignment(
+            host=host_id, locality_group=group, generation=generation, jobs=tuple(jobs), standby=tuple(warm),
+            updated_at=now,
+        ))
+    return assignments
 
 
-async def _standby_jobs(session: AsyncSession, host_id: str, *, now: datetime) -> list[AssignedJob]:
-    """Warm joiners on `host_id`: jobs an offered, unexpired negotiation would grow onto it (`api.services.standby`).
+async def _standby_jobs(session: AsyncSession, host_ids: list[str], *, now: datetime) -> dict[str, list[AssignedJob]]:
+    """Warm joiners per host: jobs an offered, unexpired negotiation would grow onto it (`api.services.standby`).
 
     Each is the node the accept would start, guessed now: the job's next epoch, one node more.
     """
     rows = await session.execute(
-        select(Job, StandbyNode.workers, Negotiation.expires_at)
+        select(StandbyNode.host_id, Job, StandbyNode.workers, Negotiation.expires_at)
         .join(Negotiation, Negotiation.id == StandbyNode.negotiation_id)
         .join(Job, (Job.tenant_id == Negotiation.tenant_id) & (Job.id == Negotiation.job_id))
         .where(
-            StandbyNode.host_id == host_id,
+            StandbyNode.host_id.in_(host_ids),
             Negotiation.state == NegotiationState.OFFERED,
             Negotiation.expires_at > now,
         )
-        .order_by(Job.tenant_id, Job.id, Negotiation.expires_at.desc())
+        .order_by(StandbyNode.host_id, Job.tenant_id, Job.id, Negotiation.expires_at.desc())
     )
-    standby: dict[tuple[str, str], AssignedJob] = {}
-    for job, workers, expires_at in rows:
-        if (job.tenant_id, job.id) in standby or not job.entrypoint:
+    standby: dict[str, dict[tuple[str, str], AssignedJob]] = {}
+    for host_id, job, workers, expires_at in rows:
+        on_host = standby.setdefault(host_id, {})
+        if (job.tenant_id, job.id) in on_host or not job.entrypoint:
             continue
-        standby[(job.tenant_id, job.id)] = _assigned(
+        on_host[(job.tenant_id, job.id)] = _assigned(
             job, workers=workers, epoch=job.placement_epoch + 1, nodes=len(_placement_hosts(job.placement)) + 1,
             standby_until=expires_at,
         )
-    return list(standby.values())
+    return {host_id: list(jobs.values()) for host_id, jobs in standby.items()}
 
 
 def _assigned(
@@ -215,18 +226,20 @@ async def write_host_assignments(
     """
     hosts = set(host_ids)
     hosts |= await _renew_epochs(session, hosts, now=now, restart=restart)
-    assignments = []
-    for host_id in sorted(hosts):
-        await session.execute(
+    bumped: dict[str, tuple[int, str]] = {}
+    for host_id in sorted(hosts):  # one host at a time, in id order: the same lock order in every transaction
+        row = (await session.execute(
             update(Host)
             .where(Host.id == host_id)
             .values(generation=Host.generation + 1, assigned_at=now)
+            .returning(Host.generation, Host.locality_group)
             .execution_options(synchronize_session=False)
-        )
-        generation = await session.scalar(select(Host.generation).where(Host.id == host_id))
-        assignment = await compute_assignment(session, host_id, generation=int(generation or 0), now=now)
+        )).first()
+        if row is not None:
+            bumped[host_id] = (int(row[0]), str(row[1]))
+    assignments = await _compute(session, bumped, now=now) if bumped else []
+    for assignment in assignments:
         enqueue_desired_state(session, assignment, now=now)
-        assignments.append(assignment)
     return assignments
 
 
