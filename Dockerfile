@@ -32,4 +32,6 @@ USER hz
 ENV HZ_DATA_DIR=/var/lib/harmonaize
 
 EXPOSE 8080
+# Names the image's builds, so that superseded ones (untagged by a rebuild) can be found and pruned.
+LABEL org.opencontainers.image.title=harmonaize
 CMD ["harmonaize", "--help"]

@@ -90,6 +90,11 @@ async def _undelivered(replica: _Replica) -> int:
         return int(count or 0)
 
 
+async def _all_marked(replica: _Replica) -> bool:
+    """Every row marked delivered (a relay marks a row just after its publish is confirmed)."""
+    return await _undelivered(replica) == 0
+
+
 def _leaders(replicas: list[_Replica]) -> Callable[[], list[_Replica]]:
     return lambda: [r for r in replicas if r.task is not None and r.leadership.leader]
 
@@ -103,7 +108,7 @@ async def test_one_replica_delivers_each_row_once_in_order(
     await eventually(lambda: len(_leaders(group)()) == 1, timeout=10, what="one replica leading the relay")
     ids = await _commit_rows(group[1], 0, 300)
     await eventually(lambda: len(bus.events) >= len(ids), timeout=30, what="every row published")
-    assert await _undelivered(group[0]) == 0
+    await eventually(lambda: _all_marked(group[0]), timeout=10, what="every row marked delivered")
     assert [msg_id for _, _, msg_id in bus.events] == ids, "each row once, in commit order"
     assert bus.duplicates_dropped == 0, "no row was published twice"
     assert sorted(r.relay.delivered for r in group) == [0, 0, len(ids)], "one replica did all the delivering"
@@ -124,7 +129,7 @@ async def test_another_replica_takes_over_when_the_leader_stops(
     await eventually(lambda: len(_leaders(group)()) == 1, timeout=10, what="a surviving replica leading")
     await eventually(lambda: len(bus.events) >= len(first) + len(second), timeout=30, what="the rest published")
     assert [msg_id for _, _, msg_id in bus.events] == first + second
-    assert await _undelivered(group[0]) == 0
+    await eventually(lambda: _all_marked(group[0]), timeout=10, what="every row marked delivered")
 
 
 async def test_a_leader_cut_off_from_the_database_stands_down_and_nothing_is_lost(
@@ -145,6 +150,6 @@ async def test_a_leader_cut_off_from_the_database_stands_down_and_nothing_is_los
     await eventually(lambda: any(r.leadership.leader for r in others), timeout=10,
                      what="another replica leading once the lock's session ended")
     await eventually(lambda: {m for _, _, m in bus.events} >= set(rows), timeout=30, what="every row published")
-    assert await _undelivered(group[0]) == 0
+    await eventually(lambda: _all_marked(group[0]), timeout=10, what="every row marked delivered")
     assert [msg_id for _, _, msg_id in bus.events] == rows, "still each row once, in order (first publications)"
     assert not leader.leadership.leader, "the cut-off replica stood down"

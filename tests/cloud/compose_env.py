@@ -6,9 +6,9 @@ Reading: PyYAML (merge keys `<<` included, as in Compose), then Compose's variab
 
 Running locally (`LocalMapping`): each service's command and environment are translated, and nothing else changes:
 
-* every service host name becomes 127.0.0.1 in URLs and `host:port` pairs; a bare value does when it is a
-  container's declared `hostname:` (a name given out as an address, e.g. `--rendezvous-advertise`) or the wildcard
-  0.0.0.0 (a bare service name may be just a name, e.g. `--cluster-node nats`);
+* every service host name (network aliases included) becomes 127.0.0.1 in URLs and `host:port` pairs; a bare value
+  does when it is a container's declared `hostname:` (a name given out as an address, e.g. `--rendezvous-advertise`)
+  or the wildcard 0.0.0.0 (a bare service name may be just a name, e.g. `--cluster-node nats`);
 * container ports our processes listen on (those a service publishes) become free local ports, consistently for every
   service, so the cloud cannot collide with anything else on this machine; a bare port value is translated where an
   option or variable names a port (`--http-port`, `HZ_API_PORT`);
@@ -147,6 +147,14 @@ def mounts(spec: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     return result
 
 
+def network_aliases(spec: Mapping[str, Any]) -> set[str]:
+    """The extra names a service has on its networks (`networks: {net: {aliases: [...]}}`)."""
+    networks = spec.get("networks") or {}
+    if isinstance(networks, list):
+        return set()
+    return {str(alias) for net in networks.values() for alias in (net or {}).get("aliases") or []}
+
+
 def startup_order(services: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Services in an order that starts each after everything it depends on (Compose's order)."""
     order: list[str] = []
@@ -218,6 +226,7 @@ class LocalMapping:
     @classmethod
     def build(cls, services: Mapping[str, Mapping[str, Any]], *, workdir: str, scratch: Path) -> LocalMapping:
         hostnames = set(services) | {str(s["hostname"]) for s in services.values() if s.get("hostname")}
+        hostnames |= {alias for s in services.values() for alias in network_aliases(s)}
         ports: dict[int, int] = {}
         volumes: dict[str, Path] = {}
         owners: dict[str, str] = {}

@@ -61,6 +61,7 @@ from tests.cloud.compose_env import (
     load_compose,
     mounts,
     nats_argv,
+    network_aliases,
     raw_compose,
     read_dockerfile,
     startup_order,
@@ -252,10 +253,14 @@ def test_ports_urls_paths_and_healthchecks_agree() -> None:
     url = httpx.URL(healthcheck_url(broker))
     assert (url.host, url.port, url.path) == ("127.0.0.1", http_port, "/healthz")
 
+    (client_host,) = network_aliases(broker)
+    for name, spec in all_services().items():
+        if spec["image"].startswith("nats:"):
+            assert client_host in network_aliases(spec), f"{name}: clients reach every broker node as {client_host}"
     for name, spec in services.items():
         env = spec.get("environment", {})
         if "HZ_NATS_URL" in env:
-            assert env["HZ_NATS_URL"] == f"nats://nats:{listen_port}", name
+            assert env["HZ_NATS_URL"] == f"nats://{client_host}:{listen_port}", name
         if "HZ_API_URL" in env:
             assert env["HZ_API_URL"] == f"http://api:{api_port}", name
         if "HZ_PROVIDER_SECRET" in env or "HZ_ADMIN_TOKEN" in env:
