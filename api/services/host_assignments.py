@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import ColumnElement, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Allocation, Host, Job, Negotiation
@@ -68,21 +68,31 @@ def job_directives(job: Job) -> Directives:
 
 
 def _placement_hosts(placement: dict[str, object] | None) -> dict[str, int]:
-    """Workers per host in a stored placement (as `_job_placement` writes it); empty for a job placed nowhere.
+    """Workers per host in a stored placement (as `_placement` writes it); empty for a job placed nowhere.
 
     The JSON column is typed loosely, so the shape written below is restated here, once.
     """
     return cast("dict[str, int]", (placement or {}).get("hosts") or {})
 
 
-async def _job_placement(session: AsyncSession, job: Job, *, now: datetime) -> dict[str, object]:
-    """The job's effective node set now: workers per host, and the plan they run."""
+async def _placements(
+    session: AsyncSession, jobs: Select[str, str], *, now: datetime
+) -> dict[tuple[str, str], dict[str, int]]:
+    """GPUs per host now of every job `jobs` selects (tenant, job), in one statement."""
     rows = await session.execute(
-        select(Allocation.host_id, func.sum(Allocation.gpus))
-        .where(Allocation.tenant_id == job.tenant_id, Allocation.job_id == job.id, *_effective(now))
-        .group_by(Allocation.host_id)
+        select(Allocation.tenant_id, Allocation.job_id, Allocation.host_id, func.sum(Allocation.gpus))
+        .where(tuple_(Allocation.tenant_id, Allocation.job_id).in_(jobs), *_effective(now))
+        .group_by(Allocation.tenant_id, Allocation.job_id, Allocation.host_id)
     )
-    hosts = {host: int(gpus) // job.gpus_per_worker for host, gpus in rows if int(gpus) >= job.gpus_per_worker}
+    found: dict[tuple[str, str], dict[str, int]] = {}
+    for tenant_id, job_id, host_id, gpus in rows:
+        found.setdefault((tenant_id, job_id), {})[host_id] = int(gpus)
+    return found
+
+
+def _placement(job: Job, gpus_by_host: dict[str, int]) -> dict[str, object]:
+    """The job's effective node set: workers per host (whole workers only), and the plan they run."""
+    hosts = {host: gpus // job.gpus_per_worker for host, gpus in gpus_by_host.items() if gpus >= job.gpus_per_worker}
     return {"plan": job.parallel_plan.value, "hosts": dict(sorted(hosts.items()))}
 
 
@@ -184,7 +194,7 @@ async def _renew_epochs(
     """
     if not host_ids:
         return set()
-    keys = await session.execute(
+    candidates = (
         select(Allocation.tenant_id, Allocation.job_id)
         .where(
             Allocation.host_id.in_(host_ids),
@@ -192,12 +202,16 @@ async def _renew_epochs(
         )
         .distinct()
     )
+    jobs = list(await session.scalars(
+        select(Job)
+        .where(tuple_(Job.tenant_id, Job.id).in_(candidates))
+        .order_by(Job.tenant_id, Job.id)
+        .execution_options(populate_existing=True)
+    ))
+    placements = await _placements(session, candidates, now=now)
     touched: set[str] = set()
-    for tenant_id, job_id in sorted(keys.all()):
-        job = await session.get(Job, (tenant_id, job_id), populate_existing=True)
-        if job is None:
-            continue
-        placement = await _job_placement(session, job, now=now)
+    for job in jobs:
+        placement = _placement(job, placements.get((job.tenant_id, job.id), {}))
         if placement == job.placement:
             continue
         # the row is about to change: lock it now and read the phase a concurrent progress report may have moved
