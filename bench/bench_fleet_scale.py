@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,17 +127,9 @@ async def fleet_role(args: argparse.Namespace) -> int:
     sources = {h: agent_source(host_pseudonym(secret, tenants[h % len(tenants)], f"host-{h:04d}")) for h in hosts}
     subjects = {h: tenant_event_subject(tenants[h % len(tenants)], "carbon", JOB) for h in hosts}
     freeze_startup_heap()  # as each `harmonaize agent` does once started
-    print(json.dumps({"ready": True}), flush=True)
     try:
-        while True:
-            line = await asyncio.to_thread(sys.stdin.readline)
-            if not line.strip():
-                return 0
-            cmd = json.loads(line)
-            if cmd.get("cmd") == "quit":
-                return 0
-            print(json.dumps(await _play(cmd, hosts, spec["hosts"], publishers, plain, sources, subjects)),
-                  flush=True)
+        return await _serve_commands(lambda cmd: _play(cmd, hosts, spec["hosts"], publishers, plain, sources,
+                                                       subjects))
     finally:
         for publisher in publishers.values():
             await publisher.close(drain_timeout=1.0)
@@ -195,6 +188,19 @@ async def _play(cmd: dict[str, Any], hosts: list[int], total_hosts: int, publish
         "late_p99_ms": sorted(late)[int(0.99 * (len(late) - 1))] * 1e3 if late else 0.0,
         "cpu": (time.process_time() - cpu0) / elapsed,
     }
+
+
+async def _serve_commands(answer: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> int:
+    """Say ready, then answer each JSON command line on stdin with one JSON line, until `quit` or end of input."""
+    print(json.dumps({"ready": True}), flush=True)
+    while True:
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if not line.strip():
+            return 0
+        cmd = json.loads(line)
+        if cmd.get("cmd") == "quit":
+            return 0
+        print(json.dumps(await answer(cmd)), flush=True)
 
 
 # ====================================================================================================================
@@ -280,24 +286,16 @@ async def controllers_role(args: argparse.Namespace) -> int:
                                            tenant_pull_consumer(cred["tenant"], "scale"))
         tasks.append(asyncio.create_task(raw_consumer(cred["tenant"])))
     freeze_startup_heap()  # as `harmonaize controller run` does
-    print(json.dumps({"ready": True}), flush=True)
+    async def report(cmd: dict[str, Any]) -> dict[str, Any]:
+        return tallies[cmd["target"]].report()
+
     try:
-        while True:
-            line = await asyncio.to_thread(sys.stdin.readline)
-            if not line.strip():
-                return 0
-            cmd = json.loads(line)
-            if cmd.get("cmd") == "quit":
-                return 0
-            if cmd.get("cmd") == "cpu":
-                print(json.dumps({"cpu_s": time.process_time()}), flush=True)
-                continue
-            print(json.dumps(tallies[cmd["target"]].report()), flush=True)
+        return await _serve_commands(report)
     finally:
         stop.set()
         await asyncio.wait(tasks, timeout=15)
         for closer in closers:
-            await closer.close() if hasattr(closer, "close") else None
+            await closer.close()
 
 
 # ====================================================================================================================

@@ -95,6 +95,15 @@ async def _all_marked(replica: _Replica) -> bool:
     return await _undelivered(replica) == 0
 
 
+async def _start_all(group: list[_Replica]) -> _Replica:
+    """Start every replica's relay; the one that takes the lead."""
+    for replica in group:
+        replica.start()
+    await eventually(lambda: len(_leaders(group)()) == 1, timeout=10, what="one replica leading the relay")
+    (leader,) = _leaders(group)()
+    return leader
+
+
 def _leaders(replicas: list[_Replica]) -> Callable[[], list[_Replica]]:
     return lambda: [r for r in replicas if r.task is not None and r.leadership.leader]
 
@@ -103,9 +112,7 @@ async def test_one_replica_delivers_each_row_once_in_order(
     replicas: tuple[list[_Replica], MemoryProviderBus],
 ) -> None:
     group, bus = replicas
-    for replica in group:
-        replica.start()
-    await eventually(lambda: len(_leaders(group)()) == 1, timeout=10, what="one replica leading the relay")
+    await _start_all(group)
     ids = await _commit_rows(group[1], 0, 300)
     await eventually(lambda: len(bus.events) >= len(ids), timeout=30, what="every row published")
     await eventually(lambda: _all_marked(group[0]), timeout=10, what="every row marked delivered")
@@ -118,10 +125,7 @@ async def test_another_replica_takes_over_when_the_leader_stops(
     replicas: tuple[list[_Replica], MemoryProviderBus],
 ) -> None:
     group, bus = replicas
-    for replica in group:
-        replica.start()
-    await eventually(lambda: len(_leaders(group)()) == 1, timeout=10, what="one replica leading the relay")
-    (leader,) = _leaders(group)()
+    leader = await _start_all(group)
     first = await _commit_rows(leader, 0, 50)
     await eventually(lambda: len(bus.events) >= len(first), timeout=30, what="the first rows published")
     await leader.stop()
@@ -136,10 +140,7 @@ async def test_a_leader_cut_off_from_the_database_stands_down_and_nothing_is_los
     replicas: tuple[list[_Replica], MemoryProviderBus],
 ) -> None:
     group, bus = replicas
-    for replica in group:
-        replica.start()
-    await eventually(lambda: len(_leaders(group)()) == 1, timeout=10, what="one replica leading the relay")
-    (leader,) = _leaders(group)()
+    leader = await _start_all(group)
     pid = await leader.lock_backend_pid()
     assert pid is not None
     rows = await _commit_rows(group[0], 0, 200)
