@@ -58,7 +58,7 @@ def provider_api(
         servers=list(servers), provider_secret=secret, accounts_file=accounts_file, reload=reload, replicas=replicas,
         stream_max_bytes=settings.tenant_stream_max_bytes,
     )
-    bus = NatsProviderBus(list(servers), provider_secret=secret)  # connects when the app starts
+    bus = NatsProviderBus(list(servers), provider_secret=secret, replicas=replicas)  # connects when the app starts
     return ProviderApi(app=create_app(settings, broker=broker, bus=bus, negotiation=negotiation), bus=bus)
 
 

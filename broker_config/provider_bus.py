@@ -16,7 +16,8 @@ Delivery is at-least-once by design, and both operations are safe to repeat:
 * `put_desired` writes a host's whole assignment under its key: writing the same value twice is harmless, and the
   relay writes in order, so a key never goes back to an older generation.
 
-The KV bucket is created if missing (file storage, a few revisions of history so an operator can see what changed).
+The KV bucket is created if missing, as the agents would create it (`broker_config.buckets`, `replicas` as the
+broker's setting says).
 """
 
 from __future__ import annotations
@@ -29,17 +30,14 @@ from typing import Protocol
 
 import nats
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from broker_config.buckets import desired_state_bucket, ensure_bucket
 from broker_config.keys import ProviderKeys
-from harmonaize.desired_state import DESIRED_STATE_BUCKET
 from harmonaize.events import CONTENT_TYPE
 
 _log = logging.getLogger(__name__)
 
-KV_HISTORY = 5
 MSG_ID_HEADER = "Nats-Msg-Id"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
@@ -90,14 +88,14 @@ class NatsProviderBus:
         connect_timeout: float = 2.0,
         ack_timeout: float = 2.0,
         publish_attempts: int = 3,
-        bucket: str = DESIRED_STATE_BUCKET,
+        replicas: int = 1,
     ) -> None:
         self.servers = list(servers)
         self._seed = ProviderKeys(provider_secret).provider.seed
         self._connect_timeout = connect_timeout
         self._ack_timeout = ack_timeout
         self._attempts = max(1, publish_attempts)
-        self._bucket = bucket
+        self._bucket = desired_state_bucket(replicas=replicas)
         self._client: Client | None = None
         self._kv: KeyValue | None = None
         self._lock = asyncio.Lock()
@@ -127,13 +125,7 @@ class NatsProviderBus:
     async def _bucket_handle(self) -> KeyValue:
         client = await self._connected()
         if self._kv is None:
-            js = client.jetstream(timeout=self._ack_timeout)
-            try:
-                self._kv = await js.key_value(self._bucket)
-            except BucketNotFoundError:
-                self._kv = await js.create_key_value(
-                    KeyValueConfig(bucket=self._bucket, history=KV_HISTORY, storage=StorageType.FILE)
-                )
+            self._kv = await ensure_bucket(client.jetstream(timeout=self._ack_timeout), self._bucket)
         return self._kv
 
     async def publish_event(self, subject: str, payload: bytes, msg_id: str) -> None:

@@ -77,6 +77,14 @@ class Settings(BaseSettings):
         description="Each tenant's event stream quota in bytes (the oldest events go first when it is full). The "
         "broker reserves it per tenant when the stream is made, so tenants x quota must fit its JetStream storage.",
     )
+    broker_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of every JetStream stream and bucket the provider creates (tenant event streams, the "
+        "desired-state and rendezvous buckets): 3 on a 3-node broker, so losing a node loses none of them. A bucket "
+        "found with fewer replicas is scaled up; none is ever scaled down.",
+    )
     event_loop: EventLoopChoice = Field(
         default="auto",
         description="The event loop HarmonAIze's long-running processes (API, agents, controllers, the local cloud) "

@@ -81,8 +81,10 @@ def api_serve(
         ReloadMode, typer.Option(help="How the broker is told to reload tenant accounts.")
     ] = ReloadMode.system_account,
     stream_replicas: Annotated[
-        int, typer.Option(help="Replicas of each tenant's event stream (3 on a 3-node broker).", min=1, max=5)
-    ] = 1,
+        int | None,
+        typer.Option(help="Replicas of each tenant's event stream and of the provider's buckets (3 on a 3-node "
+                     "broker). Default: HZ_BROKER_REPLICAS.", min=1, max=5),
+    ] = None,
     carbon_speedup: Annotated[
         float, typer.Option(help="Replay the carbon trace this much faster than real time (forecasts).", min=1.0)
     ] = 1.0,
@@ -107,6 +109,8 @@ def api_serve(
         configure_json_logging(log_level.upper())
     settings = settings_or_fail()
     secret = _secret(settings)
+    if stream_replicas is None:
+        stream_replicas = settings.broker_replicas
     if replicas > 1:
         _serve_replicas(settings, replicas, migrate=migrate, args=[
             "--broker-reload", broker_reload.value, "--stream-replicas", str(stream_replicas),

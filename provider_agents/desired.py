@@ -27,25 +27,21 @@ from types import MappingProxyType
 from typing import Protocol
 
 import nats.errors
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from pydantic import ValidationError
 
-from harmonaize.desired_state import DESIRED_STATE_BUCKET, HostAssignment, host_key
+from broker_config.buckets import desired_state_bucket, ensure_bucket
+from harmonaize.desired_state import HostAssignment, host_key
 
 __all__ = [
-    "DESIRED_STATE_HISTORY",
     "DesiredState",
     "FleetView",
-    "desired_state_bucket_config",
     "ensure_desired_state_bucket",
 ]
 
 log = logging.getLogger(__name__)
 
-DESIRED_STATE_HISTORY = 5
 _HOST_KEYS = "host.*"
 _HOST_PREFIX = host_key("x")[:-1]
 
@@ -66,24 +62,10 @@ class DesiredState(Protocol):
         ...
 
 
-def desired_state_bucket_config() -> KeyValueConfig:
-    return KeyValueConfig(
-        bucket=DESIRED_STATE_BUCKET,
-        history=DESIRED_STATE_HISTORY,
-        storage=StorageType.FILE,
-    )
-
-
-async def ensure_desired_state_bucket(js: JetStreamContext) -> KeyValue:
-    """Bind to the bucket, creating it when missing (racing creators both end up bound to the same bucket)."""
-    try:
-        return await js.key_value(DESIRED_STATE_BUCKET)
-    except BucketNotFoundError:
-        pass
-    try:
-        return await js.create_key_value(desired_state_bucket_config())
-    except BadRequestError:  # created meanwhile by someone else with another configuration
-        return await js.key_value(DESIRED_STATE_BUCKET)
+async def ensure_desired_state_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    """Bind to the bucket, creating it when missing (`broker_config.buckets`: racing creators share one bucket, and
+    one with fewer than `replicas` replicas is scaled up)."""
+    return await ensure_bucket(js, desired_state_bucket(replicas=replicas))
 
 
 class FleetView:

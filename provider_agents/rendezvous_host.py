@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
+from broker_config.buckets import RENDEZVOUS_BUCKET, ensure_bucket, rendezvous_bucket
 from harmonaize.ids import validate_id
 from provider_agents.desired import DesiredState
 
@@ -30,22 +30,13 @@ __all__ = ["RENDEZVOUS_BUCKET", "RendezvousHost", "ensure_rendezvous_bucket", "j
 
 log = logging.getLogger(__name__)
 
-RENDEZVOUS_BUCKET = "hz_rendezvous"
-
-
 def job_key(tenant: str, job: str) -> str:
     return f"job.{validate_id('tenant', tenant)}.{validate_id('job', job)}"
 
 
-async def ensure_rendezvous_bucket(js: JetStreamContext) -> KeyValue:
-    try:
-        return await js.key_value(RENDEZVOUS_BUCKET)
-    except BucketNotFoundError:
-        pass
-    try:
-        return await js.create_key_value(KeyValueConfig(bucket=RENDEZVOUS_BUCKET, history=1, storage=StorageType.FILE))
-    except BadRequestError:
-        return await js.key_value(RENDEZVOUS_BUCKET)
+async def ensure_rendezvous_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    """Bind to the bucket, creating it when missing or scaling it up to `replicas` (`broker_config.buckets`)."""
+    return await ensure_bucket(js, rendezvous_bucket(replicas=replicas))
 
 
 async def lookup_endpoint(kv: KeyValue, tenant: str, job: str) -> str | None:

@@ -245,7 +245,7 @@ async def run_agent(settings: Settings, options: AgentOptions) -> None:
     reporter = control or _approval_reporter(settings)
     nc = await connect_provider(settings.nats_url, secret, name=f"hz-agent-{options.host}")
     publisher = JetStreamPublisher(nc.jetstream(), max_pending=options.max_pending)
-    fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream()))
+    fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream(), replicas=settings.broker_replicas))
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     launcher: NodeLauncher | None = None
@@ -429,7 +429,7 @@ def _launcher(
 
     async def endpoint(tenant: str, job: str) -> str | None:
         if not rendezvous:
-            rendezvous.append(await ensure_rendezvous_bucket(nc.jetstream()))
+            rendezvous.append(await ensure_rendezvous_bucket(nc.jetstream(), replicas=settings.broker_replicas))
         return await lookup_endpoint(rendezvous[0], tenant, job)
 
     config = LauncherConfig(
@@ -496,7 +496,7 @@ async def run_fleet_monitor(settings: Settings, options: MonitorOptions) -> None
     control = control_plane(settings)
     nc = await connect_provider(settings.nats_url, secret, name="hz-fleet-monitor")
     publisher = JetStreamPublisher(nc.jetstream())
-    fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream()))
+    fleet = FleetView(lambda: ensure_desired_state_bucket(nc.jetstream(), replicas=settings.broker_replicas))
     try:
         fleet.start()
         publisher.start()
@@ -505,7 +505,7 @@ async def run_fleet_monitor(settings: Settings, options: MonitorOptions) -> None
         )
         rendezvous = RendezvousHost(
             desired=fleet,
-            bucket=lambda: ensure_rendezvous_bucket(nc.jetstream()),
+            bucket=lambda: ensure_rendezvous_bucket(nc.jetstream(), replicas=settings.broker_replicas),
             bind_host=options.rendezvous_bind,
             advertise_host=options.rendezvous_advertise,
         )

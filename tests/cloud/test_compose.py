@@ -313,7 +313,11 @@ def test_cluster_profile_runs_three_routed_nodes_with_valid_configs(tmp_path: Pa
     assert set(options(init["command"], "--cluster-node")) == set(nodes)
     data_volumes = {source for spec in nodes.values() for source, target, _ in mounts(spec) if target == "/data"}
     assert len(data_volumes) == 3, "each node has a JetStream store of its own"
-    assert int(option(services["api"]["command"], "--stream-replicas")) == 3
+    provider = [name for name, spec in services.items() if "HZ_PROVIDER_SECRET" in spec.get("environment", {})
+                and name != "broker-init"]
+    assert {"api", "fleet-monitor", "agent-h1"} <= set(provider), provider
+    for name in provider:  # every process that may create a stream or bucket replicates it on the three nodes
+        assert services[name]["environment"].get("HZ_BROKER_REPLICAS") == "3", name
 
     out = tmp_path / "broker"
     env = {**example_env(), "HZ_BROKER_CONFIG_FILE": str(out / "nats.conf")}

@@ -343,6 +343,9 @@ async def test_cluster_profile_survives_losing_a_broker_node_mid_training(
         assert info.config.num_replicas == 3, "the tenant streams are replicated on the three nodes"
         demo = await stream_info(provider, f"HZ_T_{TENANT}")
         assert demo.config.num_replicas == 3 and demo.cluster.leader in nodes
+        for bucket in ("KV_hz_desired", "KV_hz_rendezvous"):  # the agents' desired state, the jobs' rendezvous
+            kept = await stream_info(provider, bucket)
+            assert kept.config.num_replicas == 3, f"{bucket} is replicated on the three nodes"
 
         # The node to kill: not the one this test's own connections go through (the only node whose port is published
         # on this machine); of the other two, the one more of our services are connected to (Compose's DNS spreads
