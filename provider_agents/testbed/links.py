@@ -4,6 +4,13 @@
 whether a job's traffic fits through the link). The bucket holds a few milliseconds at the rate, so a burst passes at
 line speed only that long; the queue holds 20 ms of traffic before the kernel drops, so a saturated link shows both
 a backlog and drops, which is what the agent reads (`counters`) to tell a congested link from a busy one.
+
+Every data-plane endpoint's route says which TCP congestion control its connections use (`data_route`): CUBIC, the
+kernel's own default, whatever the machine running the testbed picked. A testbed that inherits the machine's choice
+measures the machine: under BBR, which paces at the delivery rate it last saw, a job's flow that sends a burst through
+the bucket at the veth's line speed estimates hundreds of Mbit/s on a 50 Mbit/s link, and its next all-reduce loses
+a sixth of its bytes to the 20 ms queue (seen here: 16 % of the cross-group bytes retransmitted, steps of several
+seconds); under CUBIC the same trial retransmits about 1 %, and the bulk flows and the job share the link as TCP does.
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ from dataclasses import dataclass
 
 from provider_agents.testbed.commands import run
 
-__all__ = ["LinkCounters", "all_counters", "counters", "shape"]
+__all__ = ["CONGESTION_CONTROL", "LinkCounters", "all_counters", "counters", "data_route", "shape"]
 
 MTU_BYTES = 1514
 QUEUE_S = 0.02
 BURST_S = 0.004
+CONGESTION_CONTROL = "cubic"
 
 
 def _tc(namespace: str, *args: str) -> str:
@@ -37,6 +45,14 @@ def shape(namespace: str, interface: str, mbit: float) -> None:
     """Shape what `interface` (in `namespace`) sends to `mbit` Mbit/s; again on a shaped link, change its rate in
     place (a scenario lowering a link, then restoring it)."""
     _tc(namespace, "qdisc", "replace", "dev", interface, "root", *_tbf(mbit))
+
+
+def data_route(namespace: str, interface: str, *, network: str, source: str) -> None:
+    """Route `network` over `interface` (in `namespace`) from `source`, its TCP connections under
+    `CONGESTION_CONTROL` (the route's own `congctl`, so neither the machine's default nor the agents' settings
+    change it)."""
+    run(["ip", "-n", namespace, "route", "replace", network, "dev", interface, "src", source,
+         "congctl", CONGESTION_CONTROL])
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,15 @@ from collections.abc import Mapping
 
 from provider_agents.testbed.commands import TestbedError
 from provider_agents.testbed.commands import run as _run
-from provider_agents.testbed.layout import CLOUD_HEX, MGMT_NET, TestbedLayout, namespace_prefix, root_interface
-from provider_agents.testbed.links import shape
+from provider_agents.testbed.layout import (
+    CLOUD_HEX,
+    DATA_NET,
+    MGMT_NET,
+    TestbedLayout,
+    namespace_prefix,
+    root_interface,
+)
+from provider_agents.testbed.links import data_route, shape
 
 __all__ = ["TestbedError", "build", "namespaces_of", "remove", "unavailable"]
 
@@ -122,6 +129,7 @@ def _build(layout: TestbedLayout) -> None:
             _run([*in_host, "addr", "add", f"{address}/{prefix}", "dev", interface])
             _run([*in_host, "link", "set", interface, "up"])
             _run([*in_fabric, "link", "set", port, "master", bridge, "up"])
+        data_route(host.namespace, "data", network=str(DATA_NET), source=host.data_address)
     for neighbour in layout.neighbours:
         _run(["ip", "netns", "add", neighbour.namespace])
         _run(["ip", "-n", neighbour.namespace, "link", "set", "lo", "up"])
@@ -131,6 +139,7 @@ def _build(layout: TestbedLayout) -> None:
         _run(["ip", "-n", neighbour.namespace, "addr", "add", f"{neighbour.data_address}/16", "dev", "data"])
         _run(["ip", "-n", neighbour.namespace, "link", "set", "data", "up"])
         _run([*in_fabric, "link", "set", port, "master", layout.group_bridge(neighbour.group), "up"])
+        data_route(neighbour.namespace, "data", network=str(DATA_NET), source=neighbour.data_address)
 
 
 def _bridge(namespace: str, name: str) -> None:

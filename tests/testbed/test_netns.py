@@ -12,7 +12,7 @@ import pytest
 
 from provider_agents.testbed import layout as testbed_layout
 from provider_agents.testbed.commands import run
-from provider_agents.testbed.links import counters, shape
+from provider_agents.testbed.links import CONGESTION_CONTROL, counters, shape
 from provider_agents.testbed.netns import build, namespaces_of, remove
 from tests.testbed.traffic import in_namespace, transfer_mbit
 
@@ -56,6 +56,9 @@ def test_two_groups_talk_through_the_shaped_uplink_and_reach_only_the_services(
         port = services.getsockname()[1]
         assert _reaches(h3.namespace, layout.services_address, port), "the services' address from a host"
     assert run(["ip", "-n", h1.namespace, "route", "show", "default"]).strip() == "", "no way off the machine"
+    for namespace in (h1.namespace, n1.namespace):  # TCP as the link model assumes, not the machine's default
+        data = run(["ip", "-n", namespace, "route", "show", str(testbed_layout.DATA_NET)])
+        assert f"congctl {CONGESTION_CONTROL}" in data, data
     with socket.create_server(("127.0.0.1", 0)) as loopback:
         assert not _reaches(h1.namespace, "127.0.0.1", loopback.getsockname()[1]), "the machine's loopback is not"
 
