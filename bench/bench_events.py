@@ -111,6 +111,7 @@ STREAM = "HZ_T_acme"  # broker_config.render.tenant_stream_name("acme"); the pla
 PHASE_EXTENSION = "benchphase"  # CloudEvents extension carrying the phase number (ours)
 PHASE_HEADER = "Bench-Phase"  # the same for raw
 TIME_HEADER = "Bench-T"  # raw: the event's scheduled wall-clock time
+MSG_ID_HEADER = "Nats-Msg-Id"  # raw with --raw-msg-id: JetStream's duplicate detection on, as ours always has it
 JOBS = {"ours_api": "ev-api", "ours_cached": "ev-cached", "raw": "ev-raw", "raw_nosync": "ev-raw",
         "raw_ours": "ev-raw-ours"}
 LABELS = {
@@ -277,6 +278,8 @@ class Fleet:
 
         async def raw_publish(i: int, at: float) -> None:
             headers = {TIME_HEADER: repr(at), PHASE_HEADER: str(phase)}
+            if self.args.raw_msg_id:
+                headers[MSG_ID_HEADER] = f"{i}-{phase}-{at!r}"  # unique, as our event ids are
             t0 = time.perf_counter()
             try:
                 await conns[i % len(conns)].jetstream().publish(subject, template, timeout=2.0, headers=headers)
@@ -823,6 +826,8 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
                       "--connections", str(args.connections), "--ours-url", ours_server.url, "--plain-url", plain.url]
         if nosync is not None:
             fleet_argv += ["--nosync-url", nosync.url]
+        if args.raw_msg_id:
+            fleet_argv += ["--raw-msg-id"]
         fleet = FleetProcess(fleet_argv, workdir / "fleet.log")
         await fleet.start()
         from harmonaize.heap import freeze_startup_heap
@@ -1001,7 +1006,8 @@ def render_report(args: argparse.Namespace, s: dict[str, Any], meta: dict[str, A
         f"JSON; {args.hosts} simulated hosts = {args.hosts} JetStreamPublishers on {min(args.connections, args.hosts)} "
         f"provider connections in one fleet process; controller: ControllerRuntime defaults (batch 16, "
         f"max_in_flight 64), HandledStore on disk; brokers' JetStream sync_interval: {args.sync}; {args.rounds} "
-        f"rounds; load average at start {meta['loadavg']}",
+        f"rounds; raw publishes {'with' if args.raw_msg_id else 'without'} Nats-Msg-Id; load average at start "
+        f"{meta['loadavg']}",
         "rates: median over rounds (min-max); ratio: median of per-round ratios; latencies: percentiles over all "
         "rounds' events; CPU in cores: fleet / nats-server (ours, or plain for raw) / controller process / API",
     ]
@@ -1106,6 +1112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dir", type=Path, help="parent of the temp dir (stores, logs); fsync cost depends on it")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH ('-': stdout, no table)")
+    ap.add_argument("--raw-msg-id", action="store_true",
+                    help="raw targets publish with a unique Nats-Msg-Id too (JetStream's duplicate detection, which "
+                         "ours always uses): tells its share of a gap from the SDK's")
     ap.add_argument("--late-ms", type=float, metavar="MS",
                     help="print every event handled later than MS after it was made, with its stages, to stderr "
                          "(what sets the tail: a stall shows as a burst of lines with one stage in common)")
