@@ -1,9 +1,11 @@
-"""A tenant's live events as Server-Sent Events (`GET /v1/events/stream`), for the web console's feed.
+"""A tenant's events as Server-Sent Events (`GET /v1/events/stream`), for the web console's feed.
 
 The same CloudEvents the tenant receives on NATS (each `data:` is the structured-mode body exactly as published,
-`event:` its kind), for the caller's own tenant only: the subscription is built from `CurrentTenant`'s id
-(`api.services.event_feed`). Live only: what was published before the stream opened is on the tenant's JetStream
-stream, not here. The first message is `event: ready` once the subscription is live on the broker; a comment line
+`event:` its kind, `id:` its sequence in the tenant's stream), for the caller's own tenant only: the feed is built
+from `CurrentTenant`'s id (`api.services.event_feed`). A stream starts after the sequence in `?after=` or the
+standard `Last-Event-ID` header (a reconnecting client's last id: nothing the stream still holds is missed), else with
+the last `?backlog=` messages of the tenant's stream (default 50; 0: only what comes next). The first message is
+`event: ready` (the tenant, and `from`: the first sequence it reads) once the feed exists on the broker; a comment line
 every `keepalive_s` keeps proxies from closing an idle stream; after `max_s` the stream ends with `event: end` and
 the client reconnects, which authenticates its token again (a revoked tenant stops getting events). Both limits are
 `StreamLimits`, from `app.state.event_stream_limits` where set.
@@ -26,11 +28,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from api.deps import CurrentTenant, SessionDep
-from api.services.event_feed import FeedEvent, TenantEventFeed
+from api.services.errors import BrokerUnavailableError, InvalidRequestError
+from api.services.event_feed import BACKLOG, MAX_BACKLOG, FeedEvent, TenantEventFeed
 
 router = APIRouter(tags=["events"])
 
@@ -47,41 +50,61 @@ class StreamLimits:
 _HEADERS: Final = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
-def sse(event: str, data: bytes | str) -> bytes:
+def sse(event: str, data: bytes | str, *, event_id: int | None = None) -> bytes:
     """One SSE message; every line of `data` gets its own `data:` field, as the format requires."""
     text = data.decode() if isinstance(data, bytes) else data
     lines = "".join(f"data: {line}\n" for line in text.splitlines() or [""])
-    return f"event: {event}\n{lines}\n".encode()
+    id_line = "" if event_id is None else f"id: {event_id}\n"
+    return f"event: {event}\n{id_line}{lines}\n".encode()
 
 
 def _message(event: FeedEvent) -> bytes:
     dropped = sse("dropped", json.dumps({"count": event.dropped})) if event.dropped else b""
-    return dropped + sse(event.kind, event.payload)
+    return dropped + sse(event.kind, event.payload, event_id=event.sequence)
 
 
-async def _stream(feed: TenantEventFeed, tenant_id: str, limits: StreamLimits) -> AsyncIterator[bytes]:
+def _resume_point(after: int | None, last_event_id: str | None) -> int | None:
+    if after is not None or last_event_id is None:
+        return after
+    if not last_event_id.isdigit():
+        raise InvalidRequestError(f"Last-Event-ID must be a stream sequence (digits), got {last_event_id[:40]!r}")
+    return int(last_event_id)
+
+
+async def _stream(feed: TenantEventFeed, tenant_id: str, limits: StreamLimits, *, start: int) -> AsyncIterator[bytes]:
     deadline = time.monotonic() + limits.max_s
-    async with feed.subscribe(tenant_id) as reader:
-        yield sse("ready", json.dumps({"tenant": tenant_id}))
-        while (left := deadline - time.monotonic()) > 0:
-            event = await reader.next(min(limits.keepalive_s, left))
-            if reader.closed:
-                yield sse("end", json.dumps({"reason": "shutdown"}))
-                return
-            yield b": keep-alive\n\n" if event is None else _message(event)
-        yield sse("end", json.dumps({"reason": "reconnect"}))
+    try:
+        async with feed.subscribe(tenant_id, start=start) as reader:
+            yield sse("ready", json.dumps({"tenant": tenant_id, "from": reader.start}))
+            while (left := deadline - time.monotonic()) > 0:
+                event = await reader.next(min(limits.keepalive_s, left))
+                if reader.closed:
+                    yield sse("end", json.dumps({"reason": "shutdown"}))
+                    return
+                yield b": keep-alive\n\n" if event is None else _message(event)
+            yield sse("end", json.dumps({"reason": "reconnect"}))
+    except BrokerUnavailableError as exc:  # the feed could not be made (the broker went away since `start_of`)
+        yield sse("end", json.dumps({"reason": "unavailable", "detail": str(exc)}))
 
 
 @router.get("/events/stream", include_in_schema=False)
-async def event_stream(request: Request, tenant: CurrentTenant, session: SessionDep) -> StreamingResponse:
-    """The caller's live events (SSE); 503 when the broker cannot be reached."""
+async def event_stream(
+    request: Request,
+    tenant: CurrentTenant,
+    session: SessionDep,
+    after: int | None = Query(default=None, ge=0, description="Start after this stream sequence."),
+    backlog: int = Query(default=BACKLOG, ge=0, le=MAX_BACKLOG, description="Without after: replay this many."),
+    last_event_id: str | None = Header(default=None),
+) -> StreamingResponse:
+    """The caller's events (SSE), resumable; 503 when the broker cannot be reached."""
     feed: TenantEventFeed = request.app.state.event_feed
     tenant_id = tenant.id
+    start_after = _resume_point(after, last_event_id)
     await session.close()  # the stream outlives the request's database work: give the connection back now
-    await feed.ensure_connected()
+    start = await feed.start_of(tenant_id, after=start_after, backlog=backlog)
     limits: StreamLimits = getattr(request.app.state, "event_stream_limits", StreamLimits())
     return StreamingResponse(
-        _stream(feed, tenant_id, limits),
+        _stream(feed, tenant_id, limits, start=start),
         media_type="text/event-stream",
         headers=_HEADERS,
     )

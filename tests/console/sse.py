@@ -15,6 +15,7 @@ import httpx
 class Message:
     event: str
     data: str
+    id: str | None = None
 
     def json(self) -> Any:
         return json.loads(self.data)
@@ -25,12 +26,12 @@ class SseReader:
         self._lines: AsyncIterator[str] = response.aiter_lines()
 
     async def _next(self) -> Message:
-        event, data = "message", list[str]()
+        event, data, event_id = "message", list[str](), None
         async for line in self._lines:
             if line == "":
                 if data:
-                    return Message(event, "\n".join(data))
-                event = "message"
+                    return Message(event, "\n".join(data), event_id)
+                event, event_id = "message", None
                 continue
             if line.startswith(":"):
                 continue
@@ -38,6 +39,8 @@ class SseReader:
             value = value.removeprefix(" ")
             if field == "event":
                 event = value
+            elif field == "id":
+                event_id = value
             elif field == "data":
                 data.append(value)
         raise EOFError("the stream ended")

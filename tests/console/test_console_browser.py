@@ -1,9 +1,9 @@
 """The web console in headless Chromium against the real API: a tenant's page shows its jobs with charts and its
-negotiations with their rounds, the live feed shows an event published after the page loaded, a tenant never sees
-another tenant's job, and the admin view shows hosts, ledger utilisation and the outbox. Each test saves a
-screenshot into its tmp dir; with `HZ_TEST_CONSOLE_DOCS=1` the tenant's also goes to docs/console/tenant.png (the
-README's). `cloud` comes before `browser` in each signature, so the browser closes (its event streams end) before
-the API stops."""
+negotiations with their rounds, the feed shows an event published before the page loaded (replayed) and one after,
+a tenant never sees another tenant's job, and the admin view shows hosts, ledger utilisation and the outbox. Each
+test saves a screenshot into its tmp dir; with `HZ_TEST_CONSOLE_DOCS=1` the tenant's also goes to
+docs/console/tenant.png (the README's). `cloud` comes before `browser` in each signature, so the browser closes (its
+event streams end) before the API stops."""
 
 from __future__ import annotations
 
@@ -105,8 +105,10 @@ async def test_the_tenant_page_shows_its_job_with_charts_and_its_negotiations(
 async def test_the_live_feed_shows_an_event_published_after_the_page_loaded(
     cloud: ConsoleCloud, browser: Any, screenshots: Path
 ) -> None:
+    before = await cloud.publish("acme", "acme-train", carbon(55.0))  # replayed when the page opens its feed
     page = await _signed_in(browser, cloud, cloud.tokens["acme"])
     await _wait_text(page, '[data-testid="feed-state"]', "live")
+    await page.wait_for_selector(f'[data-testid="feed"] li[data-id="{before}"]', timeout=WAIT_MS)
 
     others = await cloud.publish("globex", "globex-train", carbon(123.0))
     same_job_id = await cloud.publish("globex", "acme-train", carbon(124.0))
@@ -114,7 +116,7 @@ async def test_the_live_feed_shows_an_event_published_after_the_page_loaded(
     item = f'[data-testid="feed"] li[data-id="{own}"]'
     await page.wait_for_selector(item, timeout=WAIT_MS)
     assert "321" in await page.locator(item).inner_text()
-    assert await page.locator('[data-testid="feed"] li[data-kind="carbon"]').count() == 1
+    assert await page.locator('[data-testid="feed"] li[data-kind="carbon"]').count() == 2
     feed = await page.locator('[data-testid="feed"]').inner_text()
     assert others not in feed and same_job_id not in feed and "globex" not in feed
 

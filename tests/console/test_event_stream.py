@@ -1,5 +1,6 @@
 """`GET /v1/events/stream` without a browser: a tenant's stream carries its own events and never another tenant's,
-only a valid tenant token opens one, and a stream ends cleanly when its reader leaves or the feed closes."""
+replays the latest and resumes after the last one a reader has (nothing missed, nothing twice), only a valid tenant
+token opens one, and a stream ends cleanly when its reader leaves or the feed closes."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from tests.console.sse import Message, SseReader
 from tests.support import eventually
 
 STREAM = "/v1/events/stream"
+LIVE = f"{STREAM}?backlog=0"
 
 
 async def test_a_stream_carries_the_tenants_own_events_and_never_another_tenants(cloud: ConsoleCloud) -> None:
     async with httpx.AsyncClient(base_url=cloud.url, timeout=30) as http:
-        async with http.stream("GET", STREAM, headers=cloud.headers("acme")) as response:
+        async with http.stream("GET", LIVE, headers=cloud.headers("acme")) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
             reader = SseReader(response)
             ready = await reader.next()
-            assert (ready.event, ready.json()) == ("ready", {"tenant": "acme"})
+            assert ready.event == "ready" and ready.json()["tenant"] == "acme"
 
             # globex's events first: had they leaked, they would arrive before acme's
             theirs = {
@@ -40,6 +42,39 @@ async def test_a_stream_carries_the_tenants_own_events_and_never_another_tenants
             assert ours == [("carbon", own), ("failure", own_failure)]
             first = next(m.json() for m in seen if m.event == "carbon")
             assert first["subject"] == "acme-train" and first["data"]["g_per_kwh"] == 333.0
+
+
+async def test_a_stream_replays_the_latest_events_and_resumes_after_the_last_one_read(cloud: ConsoleCloud) -> None:
+    earlier = [await cloud.publish("acme", "acme-train", carbon(100.0 + n)) for n in range(3)]
+    await cloud.publish("globex", "acme-train", carbon(999.0))
+    async with httpx.AsyncClient(base_url=cloud.url, timeout=30) as http:
+        async with http.stream("GET", STREAM, headers=cloud.headers("acme")) as response:
+            reader = SseReader(response)
+            assert (await reader.next()).event == "ready"
+            replayed = await _until(reader, set(earlier))
+            carbons = [m for m in replayed if m.event == "carbon"]
+            assert [m.json()["id"] for m in carbons] == earlier, "the latest events, in order, only acme's"
+            assert all(m.id is not None and m.id.isdigit() for m in replayed)
+            assert [int(m.id or 0) for m in replayed] == sorted(int(m.id or 0) for m in replayed)
+            last_read = carbons[1]  # the reader stops here: the stream's third event is "missed"
+
+        missed = await cloud.publish("acme", "acme-train", carbon(200.0))  # published while nobody reads
+        resume_at = str(last_read.id)
+        ways: list[tuple[dict[str, str], dict[str, str]]] = [
+            ({"after": resume_at}, {}), ({}, {"Last-Event-ID": resume_at}),
+        ]
+        for params, extra in ways:
+            how = params or extra
+            async with http.stream("GET", STREAM, params=params, headers={**cloud.headers("acme"), **extra}) as again:
+                reader = SseReader(again)
+                ready = await reader.next()
+                assert ready.event == "ready" and ready.json()["from"] == int(last_read.id or 0) + 1
+                resumed = [m for m in await _until(reader, {missed}) if m.event == "carbon"]
+                assert [m.json()["id"] for m in resumed] == [earlier[2], missed], how
+
+        bad = await http.get(STREAM, headers={**cloud.headers("acme"), "Last-Event-ID": "yesterday"})
+        assert bad.status_code == 422 and "Last-Event-ID" in bad.json()["reason"]
+        assert (await http.get(STREAM, params={"backlog": 5000}, headers=cloud.headers("acme"))).status_code == 422
 
 
 async def _until(reader: SseReader, ids: set[str]) -> list[Message]:
@@ -67,12 +102,12 @@ async def test_only_a_valid_tenant_token_opens_a_stream(cloud: ConsoleCloud) -> 
 async def test_a_stream_ends_when_its_reader_leaves_and_when_the_feed_closes(cloud: ConsoleCloud) -> None:
     feed = cloud.app.state.event_feed
     async with httpx.AsyncClient(base_url=cloud.url, timeout=30) as http:
-        async with http.stream("GET", STREAM, headers=cloud.headers("acme")) as response:
+        async with http.stream("GET", LIVE, headers=cloud.headers("acme")) as response:
             assert (await SseReader(response).next()).event == "ready"
             assert feed.open_feeds == 1
         await eventually(lambda: feed.open_feeds == 0, timeout=20, what="the subscription of a reader that left")
 
-        async with http.stream("GET", STREAM, headers=cloud.headers("acme")) as response:
+        async with http.stream("GET", LIVE, headers=cloud.headers("acme")) as response:
             reader = SseReader(response)
             assert (await reader.next()).event == "ready"
             await feed.close()  # what the app's shutdown does
@@ -90,7 +125,7 @@ async def test_a_stream_ends_after_its_lifetime_so_the_client_reconnects_and_aut
 ) -> None:
     cloud.app.state.event_stream_limits = StreamLimits(max_s=1.0, keepalive_s=0.2)
     async with httpx.AsyncClient(base_url=cloud.url, timeout=30) as http:
-        async with http.stream("GET", STREAM, headers=cloud.headers("acme")) as response:
+        async with http.stream("GET", LIVE, headers=cloud.headers("acme")) as response:
             reader = SseReader(response)
             assert (await reader.next()).event == "ready"
             end = await reader.next()

@@ -1,14 +1,17 @@
-// The tenant's live events from GET /v1/events/stream (Server-Sent Events). EventSource cannot send an
-// Authorization header, so the stream is read with fetch() and a ReadableStream reader, and parsed here. The server
-// ends a stream now and then (its token is checked again on the next one); we reconnect, with a growing pause after
-// failures.
+// The tenant's events from GET /v1/events/stream (Server-Sent Events). EventSource cannot send an Authorization
+// header, so the stream is read with fetch() and a ReadableStream reader, and parsed here. The first stream replays
+// the tenant's latest events; the server ends a stream now and then (its token is checked again on the next one) and
+// we reconnect after the last event's id (its stream sequence), so nothing is shown twice or missed, with a growing
+// pause after failures.
 
 export function openFeed(bearer, { onEvent, onState }) {
   const abort = new AbortController();
   let pause = 500;
+  let lastId = null;
 
   async function readOnce() {
-    const response = await fetch("/v1/events/stream", {
+    const query = lastId === null ? "" : `?after=${encodeURIComponent(lastId)}`;
+    const response = await fetch(`/v1/events/stream${query}`, {
       headers: { Authorization: `Bearer ${bearer}`, Accept: "text/event-stream" },
       signal: abort.signal,
     });
@@ -31,7 +34,10 @@ export function openFeed(bearer, { onEvent, onState }) {
         if (!message) continue;
         if (message.event === "ready") { pause = 500; onState("live"); }
         else if (message.event === "end") onState("reconnecting");
-        else onEvent(message.event, message.data);
+        else {
+          if (message.id !== null) lastId = message.id;
+          onEvent(message.event, message.data);
+        }
       }
     }
   }
@@ -54,6 +60,7 @@ export function openFeed(bearer, { onEvent, onState }) {
 
 function parse(block) {
   let event = "message";
+  let id = null;
   const data = [];
   for (const line of block.split("\n")) {
     if (line.startsWith(":")) continue;
@@ -61,7 +68,8 @@ function parse(block) {
     const field = colon < 0 ? line : line.slice(0, colon);
     const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
     if (field === "event") event = value;
+    else if (field === "id") id = value;
     else if (field === "data") data.push(value);
   }
-  return data.length ? { event, data: data.join("\n") } : null;
+  return data.length ? { event, id, data: data.join("\n") } : null;
 }
