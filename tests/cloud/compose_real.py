@@ -168,9 +168,9 @@ class ComposeProject:
         return done
 
     def build(self, *, timeout: float = 1200) -> None:
-        """Build our image once (cached layers where nothing changed). Every service of ours runs that one image;
-        `up --build` would build it once per service, in parallel. Builds of it that a rebuild left untagged, and no
-        container uses, are removed (each holds a copy of the project's installed dependencies)."""
+        """Build our image (cached layers where nothing changed): broker-init's build, the one every service of ours
+        runs. Builds of it that a rebuild left untagged, and no container uses, are removed (each holds a copy of the
+        project's installed dependencies)."""
         self.compose("build", "broker-init", timeout=timeout)
         subprocess.run(
             ["docker", "image", "prune", "--force", "--filter", "dangling=true", "--filter", f"label={IMAGE_LABEL}"],
