@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db import execute_core
 from api.models_approvals import OPEN_APPROVALS, MaintenanceApprovalRow
 from harmonaize.desired_state import MaintenanceApproval
 
@@ -26,6 +27,14 @@ APPROVAL_TTL = timedelta(minutes=30)
 MAX_OPEN_APPROVALS = 16
 """Open approvals one job may have: the accept refuses more (a job has a handful of notices at most), so a tenant
 cannot grow the assignment of a host it shares with others without bound."""
+
+_A = MaintenanceApprovalRow.__table__.c
+_OPEN = (
+    select(_A.tenant_id, _A.job_id, _A.negotiation_id, _A.notice_id)
+    .where(_A.status.in_(OPEN_APPROVALS), _A.accepted_at > bindparam("since"))
+    .order_by(_A.accepted_at, _A.negotiation_id)
+)
+"""Built once, on the table (`api.db.execute_core`): every host assignment written reads it."""
 
 JobKey = tuple[str, str]
 """(tenant, job)."""
@@ -41,17 +50,11 @@ async def open_approvals(
     """
     if not jobs:
         return {}
-    rows = await session.scalars(
-        select(MaintenanceApprovalRow)
-        .where(
-            MaintenanceApprovalRow.status.in_(OPEN_APPROVALS),
-            MaintenanceApprovalRow.accepted_at > now - APPROVAL_TTL,
-        )
-        .order_by(MaintenanceApprovalRow.accepted_at, MaintenanceApprovalRow.negotiation_id)
-    )
     found: dict[JobKey, list[MaintenanceApproval]] = {}
-    for row in rows:
-        key = (row.tenant_id, row.job_id)
+    for tenant_id, job_id, negotiation_id, notice_id in await execute_core(
+        session, _OPEN, {"since": now - APPROVAL_TTL}
+    ):
+        key = (tenant_id, job_id)
         if key in jobs:
-            found.setdefault(key, []).append(MaintenanceApproval(negotiation=row.negotiation_id, notice=row.notice_id))
+            found.setdefault(key, []).append(MaintenanceApproval(negotiation=negotiation_id, notice=notice_id))
     return {key: tuple(approvals[:MAX_OPEN_APPROVALS]) for key, approvals in found.items()}

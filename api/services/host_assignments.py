@@ -20,13 +20,16 @@ but do not change the epoch: the running job applies them at a step boundary, wi
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterable
 from datetime import datetime
-from typing import cast
+from typing import Protocol, cast
 
-from sqlalchemy import ColumnElement, Select, func, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, Table, bindparam, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db import execute_core
 from api.models import Allocation, Host, Job, Negotiation
 from api.models_standby import StandbyNode
 from api.services.approval_commands import open_approvals
@@ -35,35 +38,98 @@ from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
 from harmonaize.desired_state import AssignedJob, HostAssignment, MaintenanceApproval, RestartMode
 from harmonaize.job_runtime import Directives, JobRanges
-from harmonaize.jobs import Compression
+from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.negotiation import NegotiationState
 from harmonaize.ranges import IntRange
 
+_A, _J, _H = Allocation.__table__.c, Job.__table__.c, Host.__table__.c
+_EFFECTIVE: tuple[ColumnElement[bool], ColumnElement[bool]] = (
+    _A.released_at.is_(None), or_(_A.starts_at.is_(None), _A.starts_at <= bindparam("now"))
+)
+"""Allocations that hold capacity at `now` (a parameter): not released, and started (a reservation counts from its
+start). The statements below are built once, on the tables, with parameters (`api.db.execute_core`): an accept runs
+all of them, and building them, or running them as ORM statements, cost more CPU than SQLite takes to run them."""
 
-def _effective(now: datetime) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
-    """Allocations that hold capacity at `now`: not released, and started (a reservation counts from its start)."""
-    return Allocation.released_at.is_(None), or_(Allocation.starts_at.is_(None), Allocation.starts_at <= now)
+
+class AssignableJob(Protocol):
+    """What an assignment and a job's runtime settings read of a job: a `Job`, or a row of `_ASSIGNED_COLUMNS`
+    (an assignment lists every job on its host: rows are read for them, rather than objects hydrated)."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def gpus_per_worker(self) -> int: ...
+    @property
+    def parallel_plan(self) -> ParallelPlan: ...
+    @property
+    def entrypoint(self) -> list[str]: ...
+    @property
+    def placement(self) -> dict[str, object] | None: ...
+    @property
+    def placement_epoch(self) -> int: ...
+    @property
+    def restart_mode(self) -> RestartMode: ...
+    @property
+    def directives(self) -> dict[str, object] | None: ...
+    @property
+    def checkpoint_interval_steps_min(self) -> int: ...
+    @property
+    def checkpoint_interval_steps_max(self) -> int: ...
+    @property
+    def compression_allowed(self) -> list[str]: ...
+    @property
+    def powersgd_max_rank(self) -> int | None: ...
+    @property
+    def batch_size_min(self) -> int | None: ...
+    @property
+    def batch_size_max(self) -> int | None: ...
+    @property
+    def grad_accumulation_min(self) -> int: ...
+    @property
+    def grad_accumulation_max(self) -> int: ...
+    @property
+    def global_batch(self) -> int | None: ...
 
 
-def job_ranges(job: Job) -> JobRanges:
+_ASSIGNED_COLUMNS = (
+    _J.tenant_id, _J.id, _J.gpus_per_worker, _J.parallel_plan, _J.entrypoint, _J.placement, _J.placement_epoch,
+    _J.restart_mode, _J.directives, _J.checkpoint_interval_steps_min, _J.checkpoint_interval_steps_max,
+    _J.compression_allowed, _J.powersgd_max_rank, _J.batch_size_min, _J.batch_size_max, _J.grad_accumulation_min,
+    _J.grad_accumulation_max, _J.global_batch,
+)
+"""The columns `AssignableJob` names, in a statement's select list (each row is then read by attribute)."""
+
+
+def job_ranges(job: AssignableJob) -> JobRanges:
     """The tenant's declared micro-loop ranges of `job`, in the contract's shape (shared with the job's runtime)."""
-    return JobRanges(
-        checkpoint_interval_steps=IntRange(
-            min=job.checkpoint_interval_steps_min, max=job.checkpoint_interval_steps_max
-        ),
-        compression_allowed=tuple(Compression(option) for option in job.compression_allowed),
-        powersgd_max_rank=job.powersgd_max_rank,
-        batch_size=(
-            None
-            if job.batch_size_min is None or job.batch_size_max is None
-            else IntRange(min=job.batch_size_min, max=job.batch_size_max)
-        ),
-        gradient_accumulation=IntRange(min=job.grad_accumulation_min, max=job.grad_accumulation_max),
-        global_batch=job.global_batch,
+    return _ranges(
+        job.checkpoint_interval_steps_min, job.checkpoint_interval_steps_max, tuple(job.compression_allowed),
+        job.powersgd_max_rank, job.batch_size_min, job.batch_size_max, job.grad_accumulation_min,
+        job.grad_accumulation_max, job.global_batch,
     )
 
 
-def job_directives(job: Job) -> Directives:
+@functools.lru_cache(maxsize=4096)
+def _ranges(
+    checkpoint_min: int, checkpoint_max: int, compression: tuple[str, ...], powersgd_max_rank: int | None,
+    batch_min: int | None, batch_max: int | None, accumulation_min: int, accumulation_max: int,
+    global_batch: int | None,
+) -> JobRanges:
+    """Memoised by value (the models are frozen, so sharing one is safe): every assignment of a host lists each job
+    on it, and validating the same ranges again for each was most of the CPU of writing one."""
+    return JobRanges(
+        checkpoint_interval_steps=IntRange(min=checkpoint_min, max=checkpoint_max),
+        compression_allowed=tuple(Compression(option) for option in compression),
+        powersgd_max_rank=powersgd_max_rank,
+        batch_size=None if batch_min is None or batch_max is None else IntRange(min=batch_min, max=batch_max),
+        gradient_accumulation=IntRange(min=accumulation_min, max=accumulation_max),
+        global_batch=global_batch,
+    )
+
+
+def job_directives(job: AssignableJob) -> Directives:
     return Directives() if job.directives is None else Directives.model_validate(job.directives)
 
 
@@ -75,25 +141,50 @@ def _placement_hosts(placement: dict[str, object] | None) -> dict[str, int]:
     return cast("dict[str, int]", (placement or {}).get("hosts") or {})
 
 
-async def _placements(
-    session: AsyncSession, jobs: Select[str, str], *, now: datetime
-) -> dict[tuple[str, str], dict[str, int]]:
-    """GPUs per host now of every job `jobs` selects (tenant, job), in one statement."""
-    rows = await session.execute(
-        select(Allocation.tenant_id, Allocation.job_id, Allocation.host_id, func.sum(Allocation.gpus))
-        .where(tuple_(Allocation.tenant_id, Allocation.job_id).in_(jobs), *_effective(now))
-        .group_by(Allocation.tenant_id, Allocation.job_id, Allocation.host_id)
+_CANDIDATES = (
+    select(_A.tenant_id, _A.job_id)
+    .where(
+        _A.host_id.in_(bindparam("hosts", expanding=True)),
+        or_(_A.released_at.is_(None), _A.released_at >= bindparam("now")),
     )
+    .distinct()
+)
+"""`_renew_epochs`' candidates: the jobs with a live allocation on `hosts` or one released at `now` or later."""
+_CANDIDATE_JOBS = (
+    select(_J.tenant_id, _J.id, _J.gpus_per_worker, _J.parallel_plan, _J.placement)
+    .where(tuple_(_J.tenant_id, _J.id).in_(_CANDIDATES))
+    .order_by(_J.tenant_id, _J.id)
+)
+_CANDIDATE_PLACEMENTS = (
+    select(_A.tenant_id, _A.job_id, _A.host_id, func.sum(_A.gpus))
+    .where(tuple_(_A.tenant_id, _A.job_id).in_(_CANDIDATES), *_EFFECTIVE)
+    .group_by(_A.tenant_id, _A.job_id, _A.host_id)
+)
+"""GPUs per host now of every candidate job."""
+
+
+async def _placements(session: AsyncSession, params: dict[str, object]) -> dict[tuple[str, str], dict[str, int]]:
+    """GPUs per host now of every candidate job (tenant, job), in one statement."""
     found: dict[tuple[str, str], dict[str, int]] = {}
-    for tenant_id, job_id, host_id, gpus in rows:
+    for tenant_id, job_id, host_id, gpus in await execute_core(session, _CANDIDATE_PLACEMENTS, params):
         found.setdefault((tenant_id, job_id), {})[host_id] = int(gpus)
     return found
 
 
-def _placement(job: Job, gpus_by_host: dict[str, int]) -> dict[str, object]:
-    """The job's effective node set: workers per host (whole workers only), and the plan they run."""
-    hosts = {host: gpus // job.gpus_per_worker for host, gpus in gpus_by_host.items() if gpus >= job.gpus_per_worker}
-    return {"plan": job.parallel_plan.value, "hosts": dict(sorted(hosts.items()))}
+def _placement(gpus_per_worker: int, plan: ParallelPlan, gpus_by_host: dict[str, int]) -> dict[str, object]:
+    """A job's effective node set: workers per host (whole workers only), and the plan they run."""
+    hosts = {host: gpus // gpus_per_worker for host, gpus in gpus_by_host.items() if gpus >= gpus_per_worker}
+    return {"plan": plan.value, "hosts": dict(sorted(hosts.items()))}
+
+
+_PLACED_JOBS = (
+    select(_A.host_id, func.sum(_A.gpus), *_ASSIGNED_COLUMNS)
+    .join(Job.__table__, (_J.tenant_id == _A.tenant_id) & (_J.id == _A.job_id))
+    .where(_A.host_id.in_(bindparam("hosts", expanding=True)), *_EFFECTIVE)
+    .group_by(_A.host_id, _J.tenant_id, _J.id)
+    .order_by(_A.host_id, _J.tenant_id, _J.id)
+)
+"""The jobs with effective allocations on `hosts`, with their GPUs there."""
 
 
 async def _compute(
@@ -101,17 +192,10 @@ async def _compute(
 ) -> list[HostAssignment]:
     """The assignments of `hosts` (id -> its generation and group), in id order, read in three statements however
     many hosts: their jobs, those jobs' open approvals, and the standby nodes on them."""
-    rows = await session.execute(
-        select(Allocation.host_id, Job, func.sum(Allocation.gpus))
-        .join(Job, (Job.tenant_id == Allocation.tenant_id) & (Job.id == Allocation.job_id))
-        .where(Allocation.host_id.in_(list(hosts)), *_effective(now))
-        .group_by(Allocation.host_id, Job.tenant_id, Job.id)
-        .execution_options(populate_existing=True)
-        .order_by(Allocation.host_id, Job.tenant_id, Job.id)
-    )
-    placed: dict[str, list[tuple[Job, int]]] = {}
-    for host_id, job, gpus in rows:
-        placed.setdefault(host_id, []).append((job, int(gpus)))
+    rows = await execute_core(session, _PLACED_JOBS, {"hosts": list(hosts), "now": now})
+    placed: dict[str, list[tuple[AssignableJob, int]]] = {}
+    for row in rows:
+        placed.setdefault(row[0], []).append((cast("AssignableJob", row), int(row[1])))
     approvals = await open_approvals(
         session, {(job.tenant_id, job.id) for jobs in placed.values() for job, _ in jobs}, now=now
     )
@@ -133,24 +217,31 @@ async def _compute(
     return assignments
 
 
+_S, _N = StandbyNode.__table__.c, Negotiation.__table__.c
+_STANDBY = (
+    select(_S.host_id, _S.workers, _N.expires_at, *_ASSIGNED_COLUMNS)
+    .select_from(StandbyNode.__table__)
+    .join(Negotiation.__table__, _N.id == _S.negotiation_id)
+    .join(Job.__table__, (_J.tenant_id == _N.tenant_id) & (_J.id == _N.job_id))
+    .where(
+        _S.host_id.in_(bindparam("hosts", expanding=True)),
+        _N.state == NegotiationState.OFFERED,
+        _N.expires_at > bindparam("now"),
+    )
+    .order_by(_S.host_id, _J.tenant_id, _J.id, _N.expires_at.desc())
+)
+"""The warm joiners on `hosts` of offers still open at `now`, with their jobs."""
+
+
 async def _standby_jobs(session: AsyncSession, host_ids: list[str], *, now: datetime) -> dict[str, list[AssignedJob]]:
     """Warm joiners per host: jobs an offered, unexpired negotiation would grow onto it (`api.services.standby`).
 
     Each is the node the accept would start, guessed now: the job's next epoch, one node more.
     """
-    rows = await session.execute(
-        select(StandbyNode.host_id, Job, StandbyNode.workers, Negotiation.expires_at)
-        .join(Negotiation, Negotiation.id == StandbyNode.negotiation_id)
-        .join(Job, (Job.tenant_id == Negotiation.tenant_id) & (Job.id == Negotiation.job_id))
-        .where(
-            StandbyNode.host_id.in_(host_ids),
-            Negotiation.state == NegotiationState.OFFERED,
-            Negotiation.expires_at > now,
-        )
-        .order_by(StandbyNode.host_id, Job.tenant_id, Job.id, Negotiation.expires_at.desc())
-    )
+    rows = await execute_core(session, _STANDBY, {"hosts": host_ids, "now": now})
     standby: dict[str, dict[tuple[str, str], AssignedJob]] = {}
-    for host_id, job, workers, expires_at in rows:
+    for row in rows:
+        host_id, workers, expires_at, job = row[0], row[1], row[2], cast("AssignableJob", row)
         on_host = standby.setdefault(host_id, {})
         if (job.tenant_id, job.id) in on_host or not job.entrypoint:
             continue
@@ -162,22 +253,37 @@ async def _standby_jobs(session: AsyncSession, host_ids: list[str], *, now: date
 
 
 def _assigned(
-    job: Job, *, workers: int, epoch: int, nodes: int, restart: RestartMode = RestartMode.GRACEFUL,
+    job: AssignableJob, *, workers: int, epoch: int, nodes: int, restart: RestartMode = RestartMode.GRACEFUL,
     standby_until: datetime | None = None, approvals: tuple[MaintenanceApproval, ...] = (),
 ) -> AssignedJob:
     """`job` as one host's assignment lists it: its workers there, its epoch and node count, plan and settings."""
+    directives = None if job.directives is None else json.dumps(job.directives, sort_keys=True)
+    return _assigned_job(
+        job.tenant_id, job.id, workers, job.gpus_per_worker, job.parallel_plan, tuple(job.entrypoint or ()), epoch,
+        nodes, restart, job_ranges(job), directives, approvals, standby_until,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _assigned_job(
+    tenant: str, job: str, workers: int, gpus_per_worker: int, plan: ParallelPlan, entrypoint: tuple[str, ...],
+    epoch: int, nodes: int, restart: RestartMode, ranges: JobRanges, directives: str | None,
+    approvals: tuple[MaintenanceApproval, ...], standby_until: datetime | None,
+) -> AssignedJob:
+    """Memoised by value, as `_ranges` (frozen models): a host's assignment is rewritten whenever one of its jobs
+    changes, and the others' entries, unchanged, are the same objects again. `directives`: their canonical JSON."""
     return AssignedJob(
-        tenant=job.tenant_id,
-        job=job.id,
+        tenant=tenant,
+        job=job,
         workers=workers,
-        gpus=workers * job.gpus_per_worker,
-        parallel_plan=job.parallel_plan,
-        entrypoint=tuple(job.entrypoint or ()),
+        gpus=workers * gpus_per_worker,
+        parallel_plan=plan,
+        entrypoint=entrypoint,
         epoch=epoch,
         nodes=nodes,
         restart=restart,
-        ranges=job_ranges(job),
-        directives=job_directives(job),
+        ranges=ranges,
+        directives=Directives() if directives is None else Directives.model_validate_json(directives),
         approvals=approvals,
         standby_until=standby_until,
     )
@@ -194,28 +300,20 @@ async def _renew_epochs(
     """
     if not host_ids:
         return set()
-    candidates = (
-        select(Allocation.tenant_id, Allocation.job_id)
-        .where(
-            Allocation.host_id.in_(host_ids),
-            or_(Allocation.released_at.is_(None), Allocation.released_at >= now),
-        )
-        .distinct()
-    )
-    jobs = list(await session.scalars(
-        select(Job)
-        .where(tuple_(Job.tenant_id, Job.id).in_(candidates))
-        .order_by(Job.tenant_id, Job.id)
-        .execution_options(populate_existing=True)
-    ))
-    placements = await _placements(session, candidates, now=now)
+    params: dict[str, object] = {"hosts": list(host_ids), "now": now}
+    # the jobs' columns only: hydrating every job on the hosts as an object was about a quarter of an accept's CPU
+    jobs = (await execute_core(session, _CANDIDATE_JOBS, params)).all()
+    placements = await _placements(session, params)
     touched: set[str] = set()
-    for job in jobs:
-        placement = _placement(job, placements.get((job.tenant_id, job.id), {}))
-        if placement == job.placement:
+    for tenant_id, job_id, gpus_per_worker, plan, stored in jobs:
+        placement = _placement(gpus_per_worker, plan, placements.get((tenant_id, job_id), {}))
+        if placement == stored:
             continue
-        # the row is about to change: lock it now and read the phase a concurrent progress report may have moved
-        await session.refresh(job, ["phase"], with_for_update=True)
+        # the row is about to change: lock it now and read it afresh (the phase a concurrent progress report may
+        # have moved); the session's object for the job, if it holds one, is the one refreshed and changed
+        job = await session.get(Job, (tenant_id, job_id), with_for_update=True, populate_existing=True)
+        if job is None:
+            continue
         old_hosts = set(_placement_hosts(job.placement))
         job.placement = placement
         job.placement_epoch = job.placement_epoch + 1
@@ -224,6 +322,14 @@ async def _renew_epochs(
         touched |= old_hosts | set(_placement_hosts(placement))
     await session.flush()
     return touched
+
+
+_BUMP_GENERATION = (
+    update(cast("Table", Host.__table__))
+    .where(_H.id == bindparam("host_id"))
+    .values(generation=_H.generation + 1, assigned_at=bindparam("now", type_=_H.assigned_at.type))
+    .returning(_H.generation, _H.locality_group)
+)
 
 
 async def write_host_assignments(
@@ -242,13 +348,7 @@ async def write_host_assignments(
     hosts |= await _renew_epochs(session, hosts, now=now, restart=restart)
     bumped: dict[str, tuple[int, str]] = {}
     for host_id in sorted(hosts):  # one host at a time, in id order: the same lock order in every transaction
-        row = (await session.execute(
-            update(Host)
-            .where(Host.id == host_id)
-            .values(generation=Host.generation + 1, assigned_at=now)
-            .returning(Host.generation, Host.locality_group)
-            .execution_options(synchronize_session=False)
-        )).first()
+        row = (await execute_core(session, _BUMP_GENERATION, {"host_id": host_id, "now": now})).first()
         if row is not None:
             bumped[host_id] = (int(row[0]), str(row[1]))
     assignments = await _compute(session, bumped, now=now) if bumped else []

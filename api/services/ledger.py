@@ -26,12 +26,13 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import Integer, Select, Table, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from api.db import rows_matched
+from api.db import execute_core, rows_matched
 from api.models import Allocation, Host, Job, utcnow
 from api.services.errors import (
     ConflictError,
@@ -56,25 +57,45 @@ class Placement:
     locality_group: str
 
 
+_HOSTS, _JOBS, _ALLOCATIONS = (cast("Table", model.__table__) for model in (Host, Job, Allocation))
+_H, _J, _A = _HOSTS.c, _JOBS.c, _ALLOCATIONS.c
+_RESERVE = (
+    update(_HOSTS)
+    .where(_H.id == bindparam("host"), _H.down_at.is_(None), _H.allocated_gpus + bindparam("take") <= _H.gpus)
+    .values(allocated_gpus=_H.allocated_gpus + bindparam("take"))
+)
+_RETURN = (
+    update(_HOSTS)
+    .where(_H.id == bindparam("host"), _H.allocated_gpus >= bindparam("give"))
+    .values(allocated_gpus=_H.allocated_gpus - bindparam("give"))
+)
+"""The ledger's conditional updates, built once, on the tables (`api.db.execute_core`): a placement or a release
+runs them per worker."""
+
+
 async def _try_reserve(session: AsyncSession, host_id: str, gpus: int) -> bool:
-    result = await session.execute(
-        update(Host)
-        .where(Host.id == host_id, Host.down_at.is_(None), Host.allocated_gpus + gpus <= Host.gpus)
-        .values(allocated_gpus=Host.allocated_gpus + gpus)
-        .execution_options(synchronize_session=False)
-    )
+    result = await execute_core(session, _RESERVE, {"host": host_id, "take": gpus})
     return rows_matched(result) == 1
 
 
 async def _return_to_host(session: AsyncSession, host_id: str, gpus: int) -> None:
-    returned = await session.execute(
-        update(Host)
-        .where(Host.id == host_id, Host.allocated_gpus >= gpus)
-        .values(allocated_gpus=Host.allocated_gpus - gpus)
-        .execution_options(synchronize_session=False)
-    )
+    returned = await execute_core(session, _RETURN, {"host": host_id, "give": gpus})
     if rows_matched(returned) != 1:
         raise RuntimeError(f"ledger inconsistent: host {host_id!r} has fewer than {gpus} GPUs allocated")
+
+
+_DELTA = bindparam("delta", type_=Integer())
+_CHANGE_WORKERS = (
+    update(_JOBS)
+    .where(
+        _J.tenant_id == bindparam("tenant"),
+        _J.id == bindparam("job"),
+        _J.desired_workers + _DELTA <= _J.max_workers,
+        _J.desired_workers + _DELTA >= 0,
+    )
+    .values(desired_workers=_J.desired_workers + _DELTA, allocated_gpus=_J.allocated_gpus + _DELTA * _J.gpus_per_worker)
+)
+_CHANGE_WORKERS_FROM = _CHANGE_WORKERS.where(_J.desired_workers == bindparam("expected"))
 
 
 async def change_job_workers(
@@ -85,23 +106,11 @@ async def change_job_workers(
     `expected_workers` makes the update conditional on the size the caller read (a negotiated target is absolute:
     if the job changed meanwhile, the delta computed from the old size would be wrong).
     """
-    conditions = [
-        Job.tenant_id == job.tenant_id,
-        Job.id == job.id,
-        Job.desired_workers + workers <= Job.max_workers,
-        Job.desired_workers + workers >= 0,
-    ]
-    if expected_workers is not None:
-        conditions.append(Job.desired_workers == expected_workers)
-    result = await session.execute(
-        update(Job)
-        .where(*conditions)
-        .values(
-            desired_workers=Job.desired_workers + workers,
-            allocated_gpus=Job.allocated_gpus + workers * Job.gpus_per_worker,
-        )
-        .execution_options(synchronize_session=False)
-    )
+    params = {"tenant": job.tenant_id, "job": job.id, "delta": workers}
+    if expected_workers is None:
+        result = await execute_core(session, _CHANGE_WORKERS, params)
+    else:
+        result = await execute_core(session, _CHANGE_WORKERS_FROM, {**params, "expected": expected_workers})
     if rows_matched(result) != 1:
         if expected_workers is not None:
             current = await session.scalar(
@@ -165,17 +174,24 @@ async def preview_placement(
     return plan if sum(plan.values()) == count else None
 
 
+_MOST_RECENT_FIRST = (
+    select(Allocation)
+    .where(
+        Allocation.tenant_id == bindparam("tenant"), Allocation.job_id == bindparam("job"),
+        Allocation.released_at.is_(None),
+    )
+    .order_by(Allocation.created_at.desc(), Allocation.id.desc())
+)
+"""A job's live allocations, the most recent first (the ones a shrink releases)."""
+
+
 async def release_workers(session: AsyncSession, job: Job, count: int, *, now: datetime) -> set[str]:
     """Release the job's `count` most recent workers inside the caller's transaction; returns the hosts touched.
 
     A row holding several workers (an admin allocation) is released whole and its remainder re-inserted on the same
     host, so rows stay an exact record of what was granted when.
     """
-    rows = await session.scalars(
-        select(Allocation)
-        .where(Allocation.tenant_id == job.tenant_id, Allocation.job_id == job.id, Allocation.released_at.is_(None))
-        .order_by(Allocation.created_at.desc(), Allocation.id.desc())
-    )
+    rows = await session.scalars(_MOST_RECENT_FIRST, {"tenant": job.tenant_id, "job": job.id})
     remaining = count * job.gpus_per_worker
     hosts: set[str] = set()
     for allocation in rows:
@@ -226,13 +242,15 @@ async def release_workers_on(session: AsyncSession, job: Job, host_ids: Collecti
     return gpus // job.gpus_per_worker
 
 
+_MARK_RELEASED = (
+    update(_ALLOCATIONS)
+    .where(_A.id == bindparam("allocation"), _A.released_at.is_(None))
+    .values(released_at=bindparam("now", type_=_A.released_at.type))
+)
+
+
 async def _mark_released(session: AsyncSession, allocation: Allocation, *, now: datetime) -> None:
-    marked = await session.execute(
-        update(Allocation)
-        .where(Allocation.id == allocation.id, Allocation.released_at.is_(None))
-        .values(released_at=now)
-        .execution_options(synchronize_session=False)
-    )
+    marked = await execute_core(session, _MARK_RELEASED, {"allocation": allocation.id, "now": now})
     if rows_matched(marked) != 1:
         raise ConflictError(f"allocation {allocation.id!r} is already released")
     set_committed_value(allocation, "released_at", now)

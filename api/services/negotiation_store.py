@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Select, Table, bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from api.db import rows_matched
+from api.db import execute_core, rows_matched
 from api.models import Job, Negotiation, NegotiationRound
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
@@ -28,6 +28,7 @@ from harmonaize.negotiation import NegotiationState, NegotiationTerms, Offer, Of
 from harmonaize.rest import NegotiationPublic, NegotiationSummary, RoundPublic
 
 NOT_FOUND = "negotiation not found"
+_NEGOTIATIONS = cast("Table", Negotiation.__table__)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,22 @@ class Opened:
     """Whether it has warm joiners (`api.services.standby`) to stop."""
 
 
+def _for_change_statement() -> Select[Negotiation, Job, int, NegotiationRound]:
+    warm = select(func.count()).where(StandbyNode.negotiation_id == Negotiation.id).correlate(Negotiation)
+    return (
+        select(Negotiation, Job, warm.scalar_subquery(), NegotiationRound)
+        .outerjoin(Job, (Job.tenant_id == Negotiation.tenant_id) & (Job.id == Negotiation.job_id))
+        .outerjoin(NegotiationRound, NegotiationRound.negotiation_id == Negotiation.id)
+        .where(Negotiation.id == bindparam("negotiation_id"), Negotiation.tenant_id == bindparam("tenant_id"))
+        .order_by(NegotiationRound.seq)
+        .execution_options(populate_existing=True)
+    )
+
+
+_FOR_CHANGE = _for_change_statement()
+"""Built once: every answer to an offer (accept, counter, reject, cancel) starts with it."""
+
+
 async def load_for_change(session: AsyncSession, *, tenant_id: str, negotiation_id: str) -> Opened:
     """`load`, with the negotiation's rounds, its job and whether it has warm joiners, all by the same statement.
 
@@ -112,17 +129,8 @@ async def load_for_change(session: AsyncSession, *, tenant_id: str, negotiation_
     version check fail, and nothing is appended to the negotiation after it wins until its transaction ends.
     The same holds for the warm joiners, written only with a new negotiation or a counter.
     """
-    warm = select(func.count()).where(StandbyNode.negotiation_id == Negotiation.id).correlate(Negotiation)
-    rows = (
-        await session.execute(
-            select(Negotiation, Job, warm.scalar_subquery(), NegotiationRound)
-            .outerjoin(Job, (Job.tenant_id == Negotiation.tenant_id) & (Job.id == Negotiation.job_id))
-            .outerjoin(NegotiationRound, NegotiationRound.negotiation_id == Negotiation.id)
-            .where(Negotiation.id == negotiation_id, Negotiation.tenant_id == tenant_id)
-            .order_by(NegotiationRound.seq)
-            .execution_options(populate_existing=True)
-        )
-    ).all()
+    params = {"negotiation_id": negotiation_id, "tenant_id": tenant_id}
+    rows = (await session.execute(_FOR_CHANGE, params)).all()
     if not rows:
         raise NotFoundError(NOT_FOUND)
     negotiation, job, warm_rows, _ = rows[0]
@@ -191,16 +199,17 @@ async def change_state(
     """
     target = values.pop("state", None) or next_status(negotiation.state, action)
     assert isinstance(target, NegotiationState), f"{target} is not a stored state"
-    result = await session.execute(
-        update(Negotiation)
+    columns = _NEGOTIATIONS.c  # a Core update (`api.db.execute_core`): every answer to an offer runs one
+    result = await execute_core(
+        session,
+        update(_NEGOTIATIONS)
         .where(
-            Negotiation.id == negotiation.id,
-            Negotiation.tenant_id == negotiation.tenant_id,
-            Negotiation.state == negotiation.state,
-            Negotiation.version == negotiation.version,
+            columns.id == negotiation.id,
+            columns.tenant_id == negotiation.tenant_id,
+            columns.state == negotiation.state,
+            columns.version == negotiation.version,
         )
-        .values(state=target, version=Negotiation.version + 1, updated_at=now, **values)
-        .execution_options(synchronize_session=False)
+        .values(state=target, version=columns.version + 1, updated_at=now, **values),
     )
     if rows_matched(result) != 1:
         current = await session.scalar(select(Negotiation.state).where(Negotiation.id == negotiation.id))

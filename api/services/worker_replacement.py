@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db import execute_core
 from api.models import Allocation, Host, Job, Negotiation
 from api.services.ledger import change_job_workers, place_workers, release_workers, release_workers_on
 from api.services.negotiation_policy import NO_REPLACEMENT, Replacement
@@ -90,23 +91,29 @@ async def avoided_hosts_of_all(
             if (avoided := _still_avoided(names, rows, tenant_id=key[0], secret=secret))}
 
 
+_N = Negotiation.__table__.c
+_REPLACED_SINCE = select(_N.tenant_id, _N.job_id, _N.offer, _N.accepted_option, _N.updated_at).where(
+    _N.kind == NegotiationKind.SCALE,
+    _N.state == NegotiationState.ACCEPTED,
+    _N.updated_at >= bindparam("since"),
+)
+_JOB_REPLACED_SINCE = _REPLACED_SINCE.where(_N.tenant_id == bindparam("tenant_id"), _N.job_id == bindparam("job_id"))
+"""Both built once, on the table (`api.db.execute_core`): every offer reads the job's (`avoided_hosts`)."""
+
+
 async def _replaced_since(
     session: AsyncSession, *, now: datetime, job: Job | None = None
 ) -> dict[tuple[str, str], dict[str, datetime]]:
     """Per (tenant, job): the host pseudonyms its accepted scale negotiations within `QUARANTINE` replaced, each with
     when it last left it."""
-    query = select(
-        Negotiation.tenant_id, Negotiation.job_id, Negotiation.offer, Negotiation.accepted_option,
-        Negotiation.updated_at,
-    ).where(
-        Negotiation.kind == NegotiationKind.SCALE,
-        Negotiation.state == NegotiationState.ACCEPTED,
-        Negotiation.updated_at >= now - QUARANTINE,
-    )
-    if job is not None:
-        query = query.where(Negotiation.tenant_id == job.tenant_id, Negotiation.job_id == job.id)
+    params: dict[str, object] = {"since": now - QUARANTINE}
+    if job is None:
+        query = _REPLACED_SINCE
+    else:
+        query = _JOB_REPLACED_SINCE
+        params.update(tenant_id=job.tenant_id, job_id=job.id)
     left_at: dict[tuple[str, str], dict[str, datetime]] = {}
-    for tenant_id, job_id, offer, index, accepted_at in await session.execute(query):
+    for tenant_id, job_id, offer, index, accepted_at in await execute_core(session, query, params):
         # The stored offer is an `Offer` dumped to JSON: its options are dicts (read raw, not re-validated per row).
         options = cast("list[dict[str, Any]]", (offer or {}).get("options") or [])
         if index is not None and 0 <= index < len(options):
