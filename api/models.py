@@ -361,5 +361,6 @@ class JobDirective(Base):
 import api.models_approvals  # noqa: E402,F401  (its table, on the same metadata; a module of its own for size)
 import api.models_job_runs  # noqa: E402,F401  (the same)
 import api.models_node_failures  # noqa: E402,F401  (the same)
+import api.models_quarantines  # noqa: E402,F401  (the same)
 import api.models_rate_buckets  # noqa: E402,F401  (the same)
 import api.models_standby  # noqa: E402,F401  (the same)

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.models import Job
 from api.services.errors import InsufficientCapacityError
 from api.services.ledger import change_job_workers, place_workers, release_workers
-from api.services.worker_replacement import avoided_hosts, move_workers, resolve
+from api.services.worker_replacement import avoided_hosts, move_workers, quarantine, resolve
 
 __all__ = ["replace", "resize"]
 
@@ -41,13 +41,16 @@ async def replace(
     session: AsyncSession, job: Job, names: Sequence[str], workers: int, *, now: datetime, secret: bytes,
     expires_at: datetime,
 ) -> set[str]:
-    """Move `job`'s workers off the hosts the tenant named (`names`), to `workers` in all (the hosts touched)."""
+    """Move `job`'s workers off the hosts the tenant named (`names`), to `workers` in all, and keep it off them for
+    a while (`worker_replacement.quarantine`); the hosts touched."""
     avoid = await avoided_hosts(session, job, secret=secret, now=now)
     resolved = await resolve(session, job, names, secret=secret)
     try:
-        return await move_workers(session, job, resolved.host_ids, workers, now=now, avoid=avoid)
+        touched = await move_workers(session, job, resolved.host_ids, workers, now=now, avoid=avoid)
     except InsufficientCapacityError as exc:
         raise _capacity_gone(exc, expires_at) from exc
+    await quarantine(session, job, names, now=now)
+    return touched
 
 
 def _capacity_gone(exc: InsufficientCapacityError, expires_at: datetime) -> InsufficientCapacityError:

@@ -11,8 +11,8 @@ The move is one transaction with the rest of the acceptance: every live allocati
 released, the job's size becomes the option's, and the difference is placed on other, healthy hosts (never a
 replaced one, never a down one), or the job's most recent remaining workers are released when the option is smaller.
 
-Afterwards the job stays off the hosts it replaced for `QUARANTINE` (`avoided_hosts`, derived from its accepted
-negotiations): otherwise its next growth request lands on the very slot the replacement freed, on a host still
+Afterwards the job stays off the hosts it replaced for `QUARANTINE` (`avoided_hosts`, from the rows the accept
+wrote: `quarantine`): otherwise its next growth request lands on the very slot the replacement freed, on a host still
 failing, and two controllers (a failure guard and a carbon scaler) move a worker on and off it every second. A host
 that went down after the move and was reported back up since is repaired (or its maintenance is over), and ends
 the quarantine early: a job that left a host ahead of announced maintenance may grow back onto it afterwards.
@@ -23,19 +23,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Table, bindparam, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db import execute_core
-from api.models import Allocation, Host, Job, Negotiation
+from api.models import Allocation, Host, Job
+from api.models_quarantines import JobHostQuarantine
 from api.services.ledger import change_job_workers, place_workers, release_workers, release_workers_on
 from api.services.negotiation_policy import NO_REPLACEMENT, Replacement
-from harmonaize.negotiation import NegotiationKind, NegotiationState
 from harmonaize.pseudonyms import host_pseudonym
 
-__all__ = ["QUARANTINE", "ResolvedReplacement", "avoided_hosts", "avoided_hosts_of_all", "move_workers", "resolve"]
+__all__ = [
+    "QUARANTINE", "ResolvedReplacement", "avoided_hosts", "avoided_hosts_of_all", "move_workers", "quarantine", "resolve",
+]
 
 QUARANTINE = timedelta(hours=1)
 """How long a job's new workers stay off a host it replaced. The control plane has no health record of hosts that are
@@ -91,36 +93,43 @@ async def avoided_hosts_of_all(
             if (avoided := _still_avoided(names, rows, tenant_id=key[0], secret=secret))}
 
 
-_N = Negotiation.__table__.c
-_REPLACED_SINCE = select(_N.tenant_id, _N.job_id, _N.offer, _N.accepted_option, _N.updated_at).where(
-    _N.kind == NegotiationKind.SCALE,
-    _N.state == NegotiationState.ACCEPTED,
-    _N.updated_at >= bindparam("since"),
-)
-_JOB_REPLACED_SINCE = _REPLACED_SINCE.where(_N.tenant_id == bindparam("tenant_id"), _N.job_id == bindparam("job_id"))
+_Q = cast("Table", JobHostQuarantine.__table__).c
+_LEFT_SINCE = select(_Q.tenant_id, _Q.job_id, _Q.host_name, _Q.left_at).where(_Q.left_at >= bindparam("since"))
+_JOB_LEFT_SINCE = _LEFT_SINCE.where(_Q.tenant_id == bindparam("tenant_id"), _Q.job_id == bindparam("job_id"))
 """Both built once, on the table (`api.db.execute_core`): every offer reads the job's (`avoided_hosts`)."""
 
 
 async def _replaced_since(
     session: AsyncSession, *, now: datetime, job: Job | None = None
 ) -> dict[tuple[str, str], dict[str, datetime]]:
-    """Per (tenant, job): the host pseudonyms its accepted scale negotiations within `QUARANTINE` replaced, each with
+    """Per (tenant, job): the host pseudonyms its accepted replacements within `QUARANTINE` moved it off, each with
     when it last left it."""
     params: dict[str, object] = {"since": now - QUARANTINE}
     if job is None:
-        query = _REPLACED_SINCE
+        query = _LEFT_SINCE
     else:
-        query = _JOB_REPLACED_SINCE
+        query = _JOB_LEFT_SINCE
         params.update(tenant_id=job.tenant_id, job_id=job.id)
     left_at: dict[tuple[str, str], dict[str, datetime]] = {}
-    for tenant_id, job_id, offer, index, accepted_at in await execute_core(session, query, params):
-        # The stored offer is an `Offer` dumped to JSON: its options are dicts (read raw, not re-validated per row).
-        options = cast("list[dict[str, Any]]", (offer or {}).get("options") or [])
-        if index is not None and 0 <= index < len(options):
-            for name in options[index].get("replaced_hosts") or ():
-                names = left_at.setdefault((tenant_id, job_id), {})
-                names[name] = max(accepted_at, names.get(name, accepted_at))
+    for tenant_id, job_id, name, at in await execute_core(session, query, params):
+        names = left_at.setdefault((tenant_id, job_id), {})
+        names[name] = max(at, names.get(name, at))
     return left_at
+
+
+async def quarantine(session: AsyncSession, job: Job, names: Sequence[str], *, now: datetime) -> None:
+    """Keep `job` off the hosts it is leaving (the tenant's `names`, as the accepted option named them) from `now`,
+    in the caller's transaction; rows older than any quarantine go first, so the table holds about an hour's
+    replacements."""
+    await session.execute(
+        delete(JobHostQuarantine)
+        .where(JobHostQuarantine.left_at < now - QUARANTINE)
+        .execution_options(synchronize_session=False)
+    )
+    await session.execute(
+        insert(JobHostQuarantine),
+        [{"tenant_id": job.tenant_id, "job_id": job.id, "host_name": name, "left_at": now} for name in names],
+    )
 
 
 def _still_avoided(

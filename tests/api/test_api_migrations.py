@@ -148,6 +148,39 @@ async def test_0003_sizes_existing_jobs_from_their_allocations_and_refuses_parti
     assert await _execute(empty_settings, "SELECT count(*) FROM allocations") == [(4,)]
 
 
+def _accepted_scale(negotiation_id: str, option: int, updated_at: str, *, kind: str = "scale",
+                    state: str = "accepted") -> str:
+    offer = '{"options": [{"workers": 2, "replaced_hosts": ["h-left"]}, {"workers": 1}]}'
+    return (
+        "INSERT INTO negotiations (id, tenant_id, job_id, kind, state, round, terms, offer, accepted_option, version, "
+        f"created_at, updated_at) VALUES ('{negotiation_id}', 'acme', 'train', '{kind}', '{state}', 1, '{{}}', "
+        f"'{offer}', {option}, 2, {updated_at}, {updated_at})"
+    )
+
+
+async def test_0014_keeps_the_last_hours_replacements_as_quarantines(empty_settings: Settings) -> None:
+    """Upgrading must not end a quarantine early: a replacement accepted within the hour becomes a row; older ones,
+    other options, other states and other kinds do not."""
+    await migrate.upgrade_async(empty_settings, "0002")
+    await _execute(empty_settings, _TENANT_ROW, _job_row("train", "8, 64"))
+    await migrate.upgrade_async(empty_settings, "0003")
+    await _execute(
+        empty_settings,
+        _accepted_scale("recent", 0, "CURRENT_TIMESTAMP"),
+        _accepted_scale("old", 0, "'2020-01-01 00:00:00'"),
+        _accepted_scale("other-option", 1, "CURRENT_TIMESTAMP"),
+        _accepted_scale("rejected", 0, "CURRENT_TIMESTAMP", state="rejected"),
+        _accepted_scale("repartition", 0, "CURRENT_TIMESTAMP", kind="repartition"),
+    )
+    await migrate.upgrade_async(empty_settings)
+    rows = await _execute(empty_settings, "SELECT tenant_id, job_id, host_name FROM job_host_quarantines")
+    assert rows == [("acme", "train", "h-left")]
+
+    await migrate.downgrade_async(empty_settings, "0013")
+    assert "job_host_quarantines" not in await _tables(empty_settings)
+    assert await _execute(empty_settings, "SELECT count(*) FROM negotiations") == [(5,)]
+
+
 def test_sync_helpers_work_inside_a_running_loop_and_out(sqlite_settings: Settings) -> None:
     """The CLI calls the sync helpers; they must also work when a loop is already running in the thread."""
     migrate.upgrade(sqlite_settings)

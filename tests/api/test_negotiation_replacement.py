@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from sqlalchemy import select
 
 from api.models import Host, OutboxTopic
+from api.models_quarantines import JobHostQuarantine
 from api.services.ledger import list_placements
 from api.services.worker_replacement import QUARANTINE
 from harmonaize.desired_state import HostAssignment
@@ -120,6 +121,40 @@ async def test_the_job_is_not_placed_back_on_the_host_it_replaced_until_the_quar
     assert only_option(later)["workers"] == 3
     assert (await act(client, placed, later["id"], RoundAction.ACCEPT)).status_code == 200
     assert await hosts_of(app, "train") == ["h1", "h2", "h3"]
+
+
+async def quarantined(app: FastAPI) -> list[tuple[str, str]]:
+    """The (job, host name) rows of the quarantine table, in the order written."""
+    async with app.state.sessionmaker() as session:
+        rows = await session.execute(
+            select(JobHostQuarantine.job_id, JobHostQuarantine.host_name).order_by(JobHostQuarantine.id)
+        )
+        return [(job, name) for job, name in rows]
+
+
+async def test_a_replacement_keeps_the_hosts_it_left_and_prunes_what_no_longer_counts(
+    app: FastAPI, client: httpx.AsyncClient, placed: TenantHandle, clock: FakeClock
+) -> None:
+    """The accept writes one row per host it moved the job off (offers read those, not every accepted offer of the
+    hour); a later replacement drops the rows whose quarantine is over."""
+    assert await quarantined(app) == []
+    for key, workers in (("grow", 3), ("shrink", 2)):
+        resized = await negotiate(client, placed, "train", key=key, desired_workers=workers)
+        assert (await act(client, placed, resized["id"], RoundAction.ACCEPT)).status_code == 200
+    assert await quarantined(app) == [], "a plain resize quarantines nothing"
+
+    moved = await negotiate(client, placed, "train", key="move", desired_workers=2,
+                            replace_hosts=[seen_as(placed, "h1")])
+    assert (await act(client, placed, moved["id"], RoundAction.ACCEPT)).status_code == 200
+    assert await quarantined(app) == [("train", seen_as(placed, "h1"))]
+
+    clock.advance(seconds=QUARANTINE.total_seconds() + 1)
+    (away,) = sorted(set(await hosts_of(app, "train")) - {"h1"})[:1]
+    again = await negotiate(client, placed, "train", key="again", desired_workers=2,
+                            replace_hosts=[seen_as(placed, away)])
+    assert (await act(client, placed, again["id"], RoundAction.ACCEPT)).status_code == 200
+    assert await quarantined(app) == [("train", seen_as(placed, away))], "h1's row outlived its quarantine"
+    assert "h1" in await hosts_of(app, "train"), "the quarantine over, h1 takes the moved worker"
 
 
 async def test_a_host_back_up_after_an_outage_ends_the_quarantine(
