@@ -9,7 +9,8 @@ carry ids consumers dedup on (JetStream drops the repeat inside its duplicate wi
 The relay holds no database connection while it talks to the broker, so a slow or absent broker never blocks the
 API's writers (SQLite has one pooled connection). Rows left undelivered by an earlier process are simply the first
 rows the next relay finds. With several API replicas on one database, only the replica holding the relay's lock
-delivers (`relay_leadership`); the others wait their turn, and take over within a poll when it dies.
+delivers (`relay_leadership`, which also wakes it when another replica commits rows); the others wait their turn,
+and take over within a poll when it dies.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class OutboxRelay:
         self._backoff_max = backoff_max
         self._clock = clock
         self._wake = asyncio.Event()
+        if leadership is not None:
+            leadership.on_new_rows(self.wake)  # rows committed by other replicas (PostgreSQL's NOTIFY)
         self.delivered = 0
         self.failures = 0
 

@@ -36,7 +36,13 @@ from api.services.negotiation_policy import NO_REPLACEMENT, Replacement
 from harmonaize.pseudonyms import host_pseudonym
 
 __all__ = [
-    "QUARANTINE", "ResolvedReplacement", "avoided_hosts", "avoided_hosts_of_all", "move_workers", "quarantine", "resolve",
+    "QUARANTINE",
+    "ResolvedReplacement",
+    "avoided_hosts",
+    "avoided_hosts_of_all",
+    "move_workers",
+    "quarantine",
+    "resolve",
 ]
 
 QUARANTINE = timedelta(hours=1)

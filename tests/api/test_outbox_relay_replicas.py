@@ -35,10 +35,10 @@ pytestmark = pytest.mark.postgres
 
 
 class _Replica:
-    def __init__(self, settings: Settings, bus: MemoryProviderBus) -> None:
+    def __init__(self, settings: Settings, bus: MemoryProviderBus, *, poll_interval: float = 0.05) -> None:
         self.engine = make_engine(settings.resolved_database_url)
         self.leadership = RelayLeadership(self.engine)
-        self.relay = OutboxRelay(make_sessionmaker(self.engine), bus, poll_interval=0.05,
+        self.relay = OutboxRelay(make_sessionmaker(self.engine), bus, poll_interval=poll_interval,
                                  leadership=self.leadership)
         self.task: asyncio.Task[None] | None = None
 
@@ -104,6 +104,10 @@ async def _start_all(group: list[_Replica]) -> _Replica:
     return leader
 
 
+def _published(bus: MemoryProviderBus, ids: list[str]) -> Callable[[], bool]:
+    return lambda: {msg_id for _, _, msg_id in bus.events} >= set(ids)
+
+
 def _leaders(replicas: list[_Replica]) -> Callable[[], list[_Replica]]:
     return lambda: [r for r in replicas if r.task is not None and r.leadership.leader]
 
@@ -154,3 +158,26 @@ async def test_a_leader_cut_off_from_the_database_stands_down_and_nothing_is_los
     await eventually(lambda: _all_marked(group[0]), timeout=10, what="every row marked delivered")
     assert [msg_id for _, _, msg_id in bus.events] == rows, "still each row once, in order (first publications)"
     assert not leader.leadership.leader, "the cut-off replica stood down"
+
+
+async def test_rows_committed_by_another_replica_wake_the_leader_without_waiting_for_its_poll(
+    migrated_settings: Settings,
+) -> None:
+    """The outbox's NOTIFY reaches the leader's lock session: with a poll of a minute, rows another replica commits
+    (waking only its own, non-leading relay) still go out within seconds, and so do the next ones."""
+    bus = MemoryProviderBus()
+    group = [_Replica(migrated_settings, bus, poll_interval=60) for _ in range(2)]
+    try:
+        leader = await _start_all(group)
+        (other,) = [r for r in group if r is not leader]
+        await asyncio.sleep(0)  # the leader's first pass found nothing and waits for a wake-up or its poll
+        for first in (0, 10):
+            ids = await _commit_rows(other, first, 10)
+            await eventually(_published(bus, ids), timeout=5,
+                             what="rows of another replica published long before the leader's next poll")
+        assert [msg_id for _, _, msg_id in bus.events] == [f"evt-{n:05d}" for n in range(20)]
+        assert other.relay.delivered == 0
+    finally:
+        for replica in group:
+            await replica.stop()
+            await replica.engine.dispose()
