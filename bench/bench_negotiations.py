@@ -22,9 +22,36 @@ per-round ratios, latency percentiles over all rounds' samples):
                              Timed per request; cycles/s = req/s / 2.
 * base  POST /rows           the baseline insert, the reference for every ratio.
 
+That closed loop runs at saturation: it says how many requests a server carries, not what latency a client sees at
+a given load (a closed loop slows its own sending when the server slows, so it never sees a queue build up). The
+project's target is about the latter: p99 <= 50 ms at an offered 50 negotiations/s on one API process. `--rate R`
+(repeatable, or a comma list) adds an **open loop** after the closed-loop scenarios (`--open-loop-only`: instead of
+them), for each rate and each backend selected:
+
+* ours  request -> offer     the closed loop's request (new key, `scale_body` over the `--jobs` jobs) at R/s.
+* ours  request + accept     R negotiations/s: each arrival requests 1 -> 2 (or 2 -> 1) and accepts option 0 on a
+                             job of its own, taken from a pool of `--open-connections` jobs made at setup and given
+                             back when its cycle ends (no job has two cycles in flight; capacity never runs out).
+                             Latency per negotiation: request + accept.
+* base  POST /rows           the baseline insert at R/s.
+
+Arrivals are a Poisson process (exponential gaps from `random.Random(--seed)`; every scenario at one rate sees the
+same arrival times) over `--open-warmup` s (not recorded) then `--open-duration` s (recorded). Each arrival takes a
+free connection from a pool of at most `--open-connections` keep-alive connections (each carries one request at a
+time; when all are busy the arrival waits), always bench_api.py's raw HTTP client: the lightest load generator, so
+the client's own CPU delays arrivals least. **Latency runs from each arrival's scheduled time**, not from when it
+was sent: when the server (or the client, or the wait for a connection) falls behind, the lateness is part of what a
+caller would see, and measuring from the send would hide exactly the queueing the target is about (coordinated
+omission). Per scenario: offered and achieved rate (2xx answers that came within the recorded window / its length:
+below the offered rate, the server fell behind), p50/p90/p99/max over the recorded arrivals' 2xx answers, non-2xx
+and errors (arrivals still unanswered `OPEN_DRAIN_S` after the last one are cut off and counted as `unfinished`),
+server and client CPU in cores (from the end of the warm-up to the last answer), and whether p99 <= 50 ms with
+nothing failed. The server is let go idle between runs, so one run's backlog is not billed to the next.
+
 Run from the repository root: `python bench/bench_negotiations.py` (~60-80 s), `--quick` (~15 s),
 `--postgres [URL]` to repeat on PostgreSQL (a fresh database, dropped afterwards), `--replicas N` to serve each side
-from N processes sharing one socket (scaling on PostgreSQL: compare runs at 1 and N), `--help` for sizes.
+from N processes sharing one socket (scaling on PostgreSQL: compare runs at 1 and N), `--rate 50 --open-loop-only`
+for the open loop alone (~75 s per rate and backend, `--quick` ~35 s), `--help` for sizes.
 No timed assertions: it prints figures. Every loop is bounded in count and in time; only loopback addresses.
 """
 
@@ -39,12 +66,14 @@ import itertools
 import json
 import math
 import os
+import random
 import secrets
 import shutil
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +104,7 @@ from bench_api import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     HOST_GPUS,
     LoadClients,
+    RawHttpConnection,
     ServerProcess,
     ours_settings,
     run_load,
@@ -92,6 +122,16 @@ COMPARISONS = [
     ("request + accept (per request) vs POST /rows", "ours_cycle", "base_insert"),
 ]
 ERRORS = (httpx.HTTPError, OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, KeyError)
+
+OPEN_SCENARIOS = {
+    "ours_request": ("ours", "POST /v1/negotiations (request -> offer)"),
+    "ours_negotiation": ("ours", "request + accept, per negotiation"),
+    "base_insert": ("baseline", "POST /rows"),
+}
+OPEN_TARGET_P99_MS = 50.0  # the project's target: p99 <= 50 ms at an offered 50 negotiations/s, one API process
+OPEN_DRAIN_S = 15.0  # after the last arrival, how long answers are still waited for before the rest are cut off
+OPEN_SETTLE_S = 10.0  # at most this long between open-loop scenarios for the last one's server to go idle
+OPEN_MAX_ARRIVALS_FACTOR = 3  # arrivals of one run: at most this times the expected count (+100), a bound on the loop
 
 
 def scale_body(job: str, workers: int) -> dict[str, Any]:
@@ -115,12 +155,15 @@ async def setup_ours(client: httpx.AsyncClient, args: argparse.Namespace) -> dic
     body = {"min_workers": 1, "max_workers": 4, "initial_workers": 1}
     for j in range(args.jobs):
         await ok("POST", "/v1/jobs", {"id": f"neg-{j:03d}", **body}, tenant)
-    for w in range(args.concurrency):
+    for w in range(0 if args.open_loop_only else args.concurrency):
         await ok("POST", "/v1/jobs", {"id": f"cyc-{w:03d}", **body}, tenant)
+    open_jobs = [f"ocyc-{k:03d}" for k in range(args.open_connections if args.rate else 0)]
+    for job in open_jobs:  # the open loop's request + accept cycles, one in flight per job
+        await ok("POST", "/v1/jobs", {"id": job, **body}, tenant)
     # the replayed request: answered once here, then sent again with the same key in the replay scenario
     replay = scale_body("neg-000", 2)
     await ok("POST", "/v1/negotiations", replay, {**tenant, "Idempotency-Key": "bench-replay"})
-    return {"tenant": tenant, "replay": replay}
+    return {"tenant": tenant, "replay": replay, "open_jobs": open_jobs}
 
 
 async def run_cycles(clients: LoadClients, tenant: dict[str, str], n_requests: int, concurrency: int, cap_s: float,
@@ -207,7 +250,8 @@ async def count_statements(workdir: Path, database_url: str = "") -> dict[str, i
             counts["commits"] += 1
 
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
-            args = argparse.Namespace(hosts=1, jobs=1, concurrency=1)
+            args = argparse.Namespace(hosts=1, jobs=1, concurrency=1, open_loop_only=False, rate=[],
+                                      open_connections=0)
             setup = await setup_ours(client, args)
             tenant = setup["tenant"]
 
@@ -225,14 +269,280 @@ async def count_statements(workdir: Path, database_url: str = "") -> dict[str, i
     return out
 
 
-async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, database_url: str) -> dict[str, Any]:
+# ====================================================================================================================
+# open loop: Poisson arrivals at a fixed offered rate, latency from each arrival's scheduled time
+
+OpenOp = Callable[[int, RawHttpConnection], Awaitable[tuple[bool, str]]]
+"""One arrival's work on a connection it holds: (2xx?, status label for the counts)."""
+
+
+def poisson_arrivals(rate: float, horizon_s: float, rng: random.Random) -> list[float]:
+    """Arrival offsets (s) of a Poisson process at `rate`/s over `horizon_s`: exponential gaps, so arrivals bunch as
+    independent callers' do. Bounded in count (a few times the expected number) whatever the draws."""
+    cap = int(rate * horizon_s * OPEN_MAX_ARRIVALS_FACTOR) + 100
+    arrivals: list[float] = []
+    t = rng.expovariate(rate)
+    while t < horizon_s and len(arrivals) < cap:
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    return arrivals
+
+
+class ConnectionPool:
+    """At most `size` raw keep-alive connections to one server, each carrying one request at a time (a bounded
+    client pool). LIFO: the load reuses the connections it already has open and opens another only when all are busy,
+    as a client's pool grows with its concurrency. `peak` counts the most held at once (reset per run)."""
+
+    def __init__(self, port: int, size: int) -> None:
+        self.free: asyncio.LifoQueue[RawHttpConnection] = asyncio.LifoQueue()
+        self.all = [RawHttpConnection(port) for _ in range(size)]
+        for connection in reversed(self.all):
+            self.free.put_nowait(connection)
+        self.busy = 0
+        self.peak = 0
+        self.waits = 0
+
+    async def acquire(self) -> RawHttpConnection:
+        if self.free.empty():
+            self.waits += 1  # every connection busy: this arrival queues here, and the wait is in its latency
+        connection = await self.free.get()
+        self.busy += 1
+        self.peak = max(self.peak, self.busy)
+        return connection
+
+    def release(self, connection: RawHttpConnection) -> None:
+        self.busy -= 1
+        self.free.put_nowait(connection)
+
+    def reset_counts(self) -> None:
+        self.peak = self.busy
+        self.waits = 0
+
+    async def aclose(self) -> None:
+        for connection in self.all:
+            await connection.close()
+
+
+class CycleJobs:
+    """The open loop's request + accept jobs. A cycle takes a free job and gives it back when done, so no job ever has
+    two cycles in flight (a second request on a job whose offer is being accepted would race it); each cycle scales
+    its job 1 -> 2 or 2 -> 1, so capacity never runs out. There are as many jobs as pooled connections and a cycle
+    holds its connection throughout, so a free job is always there once a connection is."""
+
+    def __init__(self, jobs: list[str]) -> None:
+        self.free: asyncio.Queue[str] = asyncio.Queue()
+        for job in jobs:
+            self.free.put_nowait(job)
+        self.workers = dict.fromkeys(jobs, 1)
+        self.dirty: set[str] = set()
+
+    async def run(self, connection: RawHttpConnection, tenant: dict[str, str], key: str) -> tuple[bool, str]:
+        job = await self.free.get()
+        done = False
+        try:
+            target = 1 if self.workers[job] == 2 else 2
+            status = await connection.request("POST", "/v1/negotiations", scale_body(job, target),
+                                              {**tenant, "Idempotency-Key": key})
+            if status != 201:
+                return False, f"request {status}"
+            offer = json.loads(connection.last_body)
+            if offer.get("state") != "offered":
+                return False, f"request {offer.get('state')}"
+            status = await connection.request("POST", f"/v1/negotiations/{offer['id']}/accept", {"option": 0}, tenant)
+            if status != 200:
+                return False, f"accept {status}"
+            self.workers[job] = target
+            done = True
+            return True, "200"
+        finally:
+            if not done:  # the job's worker count is uncertain now (e.g. an accept cut off): read it back later
+                self.dirty.add(job)
+            self.free.put_nowait(job)
+
+    async def resync(self, pool: ConnectionPool, tenant: dict[str, str]) -> int:
+        """Untimed, between runs: read back the worker count of each job whose last cycle did not end cleanly, so the
+        next cycle on it asks for a change again instead of being refused."""
+        dirty, self.dirty = sorted(self.dirty), set()
+        connection = await pool.acquire()
+        try:
+            for job in dirty:
+                try:
+                    status = await asyncio.wait_for(connection.request("GET", f"/v1/jobs/{job}", None, tenant), 10)
+                    if status == 200:
+                        self.workers[job] = int(json.loads(connection.last_body)["desired_workers"])
+                except ERRORS:
+                    self.dirty.add(job)
+        finally:
+            pool.release(connection)
+        return len(dirty)
+
+
+async def sleep_until(when: float) -> None:
+    delay = when - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def settle(server: ServerProcess) -> float:
+    """Wait (at most OPEN_SETTLE_S) until `server` has gone idle: an overloaded run leaves requests the client cut
+    off still running there, and they must not be billed to the next run. Returns the seconds waited."""
+    deadline = Deadline(OPEN_SETTLE_S)
+    while not deadline.expired:
+        cpu0 = server.cpu_seconds()
+        await asyncio.sleep(0.25)
+        if not (server.cpu_seconds() - cpu0) / 0.25 >= 0.1:  # NaN (no /proc) counts as idle
+            break
+    return OPEN_SETTLE_S - deadline.left
+
+
+async def run_open_loop(server: ServerProcess, pool: ConnectionPool, op: OpenOp, rate: float, warmup_s: float,
+                        duration_s: float, seed: int) -> dict[str, Any]:
+    """Arrivals at `rate`/s for `warmup_s` (not recorded) then `duration_s`, each started at its scheduled time
+    whatever the earlier ones are doing, and timed from that time. A hard deadline (`OPEN_DRAIN_S` after the last
+    arrival) cuts off what is still unanswered."""
+    arrivals = poisson_arrivals(rate, warmup_s + duration_s, random.Random(seed))
+    deadline = Deadline(warmup_s + duration_s + OPEN_DRAIN_S)
+    latencies: list[float] = []  # of the recorded arrivals' 2xx answers
+    answered_at: list[float] = []  # when each 2xx answer came, warm-up arrivals' too: the rate actually carried
+    statuses: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    in_flight = [0, 0]  # now, peak (incl. arrivals waiting for a connection)
+
+    async def arrival(i: int, scheduled: float, recorded: bool) -> None:
+        in_flight[0] += 1
+        in_flight[1] = max(in_flight[1], in_flight[0])
+        try:
+            connection = await pool.acquire()
+            try:
+                ok, label = await op(i, connection)
+            finally:
+                pool.release(connection)
+            now = time.perf_counter()
+            elapsed = now - scheduled
+            if ok:
+                answered_at.append(now)
+            if recorded:
+                statuses[label] += 1
+                counts["ok" if ok else "non_2xx"] += 1
+                if ok:
+                    latencies.append(elapsed)
+        except Exception as exc:  # every arrival is accounted for, whatever went wrong with it
+            if recorded:
+                statuses[type(exc).__name__] += 1
+                counts["errors"] += 1
+        finally:
+            in_flight[0] -= 1
+
+    tasks: dict[asyncio.Task[None], bool] = {}
+    start = time.perf_counter() + 0.01
+    marks: dict[str, float] = {}
+    for i, offset in enumerate(arrivals):
+        if deadline.expired:
+            break
+        if not marks and offset >= warmup_s:  # the recorded window starts: CPU counters from here
+            await sleep_until(start + warmup_s)
+            marks.update(t=time.perf_counter(), cpu=server.cpu_seconds(), own=time.process_time())
+            pool.reset_counts()
+            in_flight[1] = in_flight[0]
+        scheduled = start + offset
+        await sleep_until(scheduled)
+        recorded = offset >= warmup_s
+        tasks[asyncio.create_task(arrival(i, scheduled, recorded))] = recorded
+    if not marks:
+        marks.update(t=time.perf_counter(), cpu=server.cpu_seconds(), own=time.process_time())
+    pending: set[asyncio.Task[None]] = set()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=max(0.001, deadline.left))
+    end, cpu1, own1 = time.perf_counter(), server.cpu_seconds(), time.process_time()
+    for task in pending:
+        task.cancel()
+        if tasks[task]:
+            statuses["unfinished"] += 1
+            counts["errors"] += 1
+    await asyncio.gather(*pending, return_exceptions=True)
+    window = end - marks["t"]
+    carried = sum(1 for t in answered_at if marks["t"] <= t < marks["t"] + duration_s)
+    p99 = percentile(latencies, 99) * 1e3
+    return {
+        "offered_rate": rate,
+        "warmup_s": warmup_s,
+        "duration_s": duration_s,
+        "seed": seed,
+        "arrivals": sum(tasks.values()),
+        "ok": counts["ok"],
+        "drained_s": max(0.0, end - (marks["t"] + duration_s)),
+        "achieved_rate": carried / duration_s,  # 2xx answers within the recorded window: under overload < offered
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p90_ms": percentile(latencies, 90) * 1e3,
+        "p99_ms": p99,
+        "max_ms": max(latencies) * 1e3 if latencies else math.nan,
+        "non_2xx": counts["non_2xx"],
+        "errors": counts["errors"],
+        "statuses": dict(statuses),
+        "server_cpu": (cpu1 - marks["cpu"]) / window if window > 0 else math.nan,
+        "client_cpu": (own1 - marks["own"]) / window if window > 0 else math.nan,
+        "peak_in_flight": in_flight[1],
+        "peak_connections": pool.peak,
+        "waited_for_connection": pool.waits,
+        "target_p99_ms": OPEN_TARGET_P99_MS,
+        "met": bool(latencies) and p99 <= OPEN_TARGET_P99_MS and counts["non_2xx"] + counts["errors"] == 0,
+    }
+
+
+async def run_open_loops(args: argparse.Namespace, backend: str, ours: ServerProcess, base: ServerProcess,
+                         setup: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every `--rate`, each open-loop scenario once (order rotating per rate), on pools of raw connections."""
+    tenant = setup["tenant"]
+    tag = f"o{secrets.token_hex(3)}"
+    keys = itertools.count()
+    cycles = CycleJobs(setup["open_jobs"])
+    pools = {"ours": ConnectionPool(ours.port, args.open_connections),
+             "baseline": ConnectionPool(base.port, args.open_connections)}
+    servers = {"ours": ours, "baseline": base}
+
+    async def request_offer(i: int, connection: RawHttpConnection) -> tuple[bool, str]:
+        status = await connection.request("POST", "/v1/negotiations", scale_body(f"neg-{i % args.jobs:03d}", 2),
+                                          {**tenant, "Idempotency-Key": f"{tag}-{next(keys)}"})
+        return 200 <= status < 300, str(status)
+
+    async def negotiation(i: int, connection: RawHttpConnection) -> tuple[bool, str]:
+        return await cycles.run(connection, tenant, f"{tag}-{next(keys)}")
+
+    async def insert(i: int, connection: RawHttpConnection) -> tuple[bool, str]:
+        status = await connection.request("POST", "/rows", {"name": f"open-{i}"}, None)
+        return 200 <= status < 300, str(status)
+
+    ops: dict[str, OpenOp] = {"ours_request": request_offer, "ours_negotiation": negotiation, "base_insert": insert}
+    order = list(OPEN_SCENARIOS)
+    entries: list[dict[str, Any]] = []
+    try:
+        for r, rate in enumerate(args.rate):
+            for key in order[r % len(order):] + order[: r % len(order)]:
+                side, label = OPEN_SCENARIOS[key]
+                result = await run_open_loop(servers[side], pools[side], ops[key], rate, args.open_warmup,
+                                             args.open_duration, args.seed)
+                result["settled_s"] = await settle(servers[side])
+                if key == "ours_negotiation":
+                    result["resynced_jobs"] = await cycles.resync(pools["ours"], tenant)
+                entries.append({"backend": backend, "scenario": key, "side": side, "label": label, **result})
+                if not args.json_only:
+                    print(f"  {backend}: open loop {label} at {rate:g}/s done", file=sys.stderr, flush=True)
+    finally:
+        for pool in pools.values():
+            await pool.aclose()
+    return entries
+
+
+async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path,
+                        database_url: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """One backend's servers and setup, then the closed loop (unless `--open-loop-only`) and the open loop (for each
+    `--rate`): (closed-loop result or None, open-loop entries)."""
     from api.migrate import upgrade_async
 
     data_dir = workdir / backend
     data_dir.mkdir(parents=True, exist_ok=True)
     ours = ServerProcess("ours", data_dir, database_url, replicas=args.replicas)
     base = ServerProcess("baseline", data_dir, database_url, replicas=args.replicas)
-    clients: list[LoadClients] = []
     try:
         base.start()
         await upgrade_async(ours_settings(data_dir, database_url))
@@ -241,6 +551,19 @@ async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, d
         await base.wait_ready("/ping")
         async with httpx.AsyncClient(base_url=ours.url, timeout=30.0) as setup_client:
             setup = await setup_ours(setup_client, args)
+        closed = None if args.open_loop_only else await run_closed_loop(args, backend, ours, base, setup)
+        open_entries = await run_open_loops(args, backend, ours, base, setup) if args.rate else []
+        return closed, open_entries
+    finally:
+        ours.stop()
+        base.stop()
+
+
+async def run_closed_loop(args: argparse.Namespace, backend: str, ours: ServerProcess, base: ServerProcess,
+                          setup: dict[str, Any]) -> dict[str, Any]:
+    """The saturation scenarios: `--rounds` rounds of every scenario at `--concurrency`, order rotating per round."""
+    clients: list[LoadClients] = []
+    try:
         tenant, replay = setup["tenant"], setup["replay"]
         ours_clients = LoadClients(ours, args.concurrency, args.client)
         base_clients = LoadClients(base, args.concurrency, args.client)
@@ -305,21 +628,22 @@ async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, d
     finally:
         for c in clients:
             await c.aclose()
-        ours.stop()
-        base.stop()
 
 
-def render_report(args: argparse.Namespace, results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+def render_report(args: argparse.Namespace, results: list[dict[str, Any]], open_entries: list[dict[str, Any]],
+                  meta: dict[str, Any]) -> str:
+    closed = "" if args.open_loop_only else (
+        f"closed loop: {args.client} client, concurrency {args.concurrency}, {args.rounds} rounds x {args.requests} "
+        f"requests per scenario, {args.concurrency} jobs for cycles; ")
     lines = [
         f"bench_negotiations  {meta['date']}  {meta['machine']}  code: {meta['git']}",
         f"uvicorn {meta['uvicorn']} ({meta['loop']}), fastapi {meta['fastapi']}, SQLAlchemy {meta['sqlalchemy']}, "
-        f"httpx {meta['httpx']}; load: {args.client} client, concurrency {args.concurrency}; {args.rounds} rounds x "
-        f"{args.requests} requests per scenario; {args.jobs} jobs for requests, {args.concurrency} for cycles, "
-        f"{args.hosts} hosts; {args.replicas} server process(es) each, sharing one socket; load average at start "
-        f"{meta['loadavg']}",
-        "req/s: median over rounds (min-max), ratio: median of per-round ratios; latencies: percentiles over all "
-        "rounds' samples; CPU: server process / load generator, in cores",
+        f"httpx {meta['httpx']}; {closed}{args.jobs} jobs for requests, {args.hosts} hosts; {args.replicas} server "
+        f"process(es) each, sharing one socket; load average at start {meta['loadavg']}",
     ]
+    if results:
+        lines.append("req/s: median over rounds (min-max), ratio: median of per-round ratios; latencies: percentiles "
+                     "over all rounds' samples; CPU: server process / load generator, in cores")
     trips = meta.get("round_trips") or {}
     if trips:
         lines.append("database round trips per request (statements incl. BEGIN, + COMMIT; SQLite, counted once "
@@ -352,7 +676,60 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], meta:
     if flagged:
         lines.append(f"* the load generator used >= {CLIENT_BOUND_CPU} of a core: that figure is bounded by the "
                      "client, not the server (try --client raw)")
+    if open_entries:
+        lines += ["", *render_open_loop(args, open_entries)]
     return "\n".join(lines)
+
+
+def render_open_loop(args: argparse.Namespace, entries: list[dict[str, Any]]) -> list[str]:
+    """The open-loop table, one per backend, rows by rate then scenario, and what failed where anything did."""
+    lines = [
+        f"open loop: Poisson arrivals (seed {args.seed}), {args.open_warmup:g} s warm-up (not recorded) + "
+        f"{args.open_duration:g} s recorded per scenario and rate; raw client, at most {args.open_connections} "
+        f"keep-alive connections per server, one request at a time each; {args.open_connections} jobs for cycles",
+        "latency from each arrival's scheduled time (incl. any wait for a connection; request + accept: per "
+        "negotiation); percentiles and max over the recorded arrivals' 2xx answers; achieved = 2xx answers that came "
+        "within the recorded window / its duration (below offered: the server fell behind); "
+        f"target: p99 <= {OPEN_TARGET_P99_MS:g} ms with no non-2xx or error; CPU: server / load generator, in cores",
+    ]
+    target = f"p99 <= {OPEN_TARGET_P99_MS:g} ms"
+    for backend in dict.fromkeys(e["backend"] for e in entries):
+        rows, failures = [], []
+        mine = sorted((e for e in entries if e["backend"] == backend),
+                      key=lambda e: (e["offered_rate"], list(OPEN_SCENARIOS).index(e["scenario"])))
+        for e in mine:
+            name = f"{e['side']:<8} {e['label']}"
+            rows.append([
+                name, f"{e['offered_rate']:g}", f"{e['achieved_rate']:,.1f}", fmt(e["p50_ms"], "ms"),
+                fmt(e["p90_ms"], "ms"), fmt(e["p99_ms"], "ms"), fmt(e["max_ms"], "ms"), str(e["non_2xx"]),
+                str(e["errors"]), f"{e['server_cpu']:.2f}/{e['client_cpu']:.2f}", "met" if e["met"] else "MISSED",
+            ])
+            bad = {k: v for k, v in e["statuses"].items() if not k.startswith("2")}
+            if bad:
+                failures.append(f"  {name} at {e['offered_rate']:g}/s: "
+                                + ", ".join(f"{k}:{v}" for k, v in sorted(bad.items())))
+        lines += ["", f"[{backend}] open loop",
+                  table(["scenario", "offered/s", "achieved/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "non-2xx",
+                         "errors", "CPU srv/cli", target], rows)]
+        if failures:
+            lines += ["failed (status or error: count):", *failures]
+    return lines
+
+
+def parse_rates(ap: argparse.ArgumentParser, given: list[str]) -> list[float]:
+    """`--rate` values, each a number or a comma list, in the order given (duplicates dropped)."""
+    rates: list[float] = []
+    for text in given:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            try:
+                rate = float(part)
+            except ValueError:
+                ap.error(f"--rate: not a number: {part!r}")
+            if not 0 < rate <= 10_000:
+                ap.error(f"--rate must lie in (0, 10000] per second, not {part}")
+            if rate not in rates:
+                rates.append(rate)
+    return rates
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -376,34 +753,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--replicas", type=int, default=1,
                     help="server processes for ours and for the baseline, sharing one socket (as `harmonaize api "
                          "serve --replicas N`); for PostgreSQL (default 1)")
+    ap.add_argument("--rate", action="append", default=[], metavar="R",
+                    help="open loop: offer R requests/s (request + accept: R negotiations/s) as Poisson arrivals, "
+                         "after the closed loop;\nrepeat it or give a comma list for several rates: --rate 25 --rate "
+                         "50, or --rate 25,50")
+    ap.add_argument("--open-loop-only", action="store_true", help="skip the closed-loop scenarios (with --rate)")
+    ap.add_argument("--open-duration", type=float, help="open loop: recorded seconds per scenario and rate "
+                                                        "(default 20, quick 8)")
+    ap.add_argument("--open-warmup", type=float, help="open loop: unrecorded seconds at the same rate first "
+                                                      "(default 3, quick 2)")
+    ap.add_argument("--open-connections", type=int, default=64,
+                    help="open loop: keep-alive connections per server at most, one request at a time each; also "
+                         "the jobs\nthe request + accept cycles take turns on (default 64)")
+    ap.add_argument("--seed", type=int, default=1, help="open loop: seed of the arrival times (default 1)")
     ap.add_argument("--json", metavar="PATH", help="also write all figures as JSON to PATH ('-': stdout, no table)")
     args = ap.parse_args(argv)
-    defaults = {"rounds": (5, 2), "requests": (100, 40), "warmup": (30, 10), "cap": (10.0, 4.0)}
+    defaults = {"rounds": (5, 2), "requests": (100, 40), "warmup": (30, 10), "cap": (10.0, 4.0),
+                "open_duration": (20.0, 8.0), "open_warmup": (3.0, 2.0)}
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.quick else full)
-    for name in ("rounds", "requests", "concurrency", "jobs", "hosts", "replicas"):
+    for name in ("rounds", "requests", "concurrency", "jobs", "hosts", "replicas", "open_connections"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name} must be at least 1")
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.no_sqlite and not args.postgres:
         ap.error("--no-sqlite needs --postgres")
+    args.rate = parse_rates(ap, args.rate)
+    if args.open_loop_only and not args.rate:
+        ap.error("--open-loop-only needs --rate")
+    if not 0 < args.open_duration <= 600 or not 0 <= args.open_warmup <= 60:
+        ap.error("--open-duration must lie in (0, 600] s and --open-warmup in [0, 60] s")
     args.json_only = args.json == "-"
     return args
 
 
-async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
+async def bench(args: argparse.Namespace, workdir: Path,
+                meta: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(closed-loop results per backend, open-loop entries of every backend)."""
     meta["round_trips"] = await count_statements(workdir)
-    results = []
+    runs = []
     if not args.no_sqlite:
-        results.append(await bench_backend(args, "sqlite", workdir, ""))
+        runs.append(await bench_backend(args, "sqlite", workdir, ""))
     if args.postgres:
         name = f"hz_bench_{os.getpid()}_{secrets.token_hex(4)}"
         await bench_api._pg_execute(args.postgres, f'CREATE DATABASE "{name}"')
         try:
-            results.append(await bench_backend(args, "postgres", workdir, bench_api._pg_url(args.postgres, name)))
+            runs.append(await bench_backend(args, "postgres", workdir, bench_api._pg_url(args.postgres, name)))
         finally:
             await bench_api._pg_execute(args.postgres, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    return results
+    return [closed for closed, _ in runs if closed is not None], [e for _, entries in runs for e in entries]
+
+
+def time_limit(args: argparse.Namespace) -> float:
+    """The whole run's hard deadline: the closed loop's 20 minutes, plus each open-loop run's own bound."""
+    backends = (0 if args.no_sqlite else 1) + (1 if args.postgres else 0)
+    per_run = float(args.open_warmup + args.open_duration) + OPEN_DRAIN_S + OPEN_SETTLE_S + 15
+    return 1200.0 + backends * len(args.rate) * len(OPEN_SCENARIOS) * per_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,16 +831,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     started = time.monotonic()
     try:
-        results = asyncio.run(asyncio.wait_for(bench(args, workdir, meta), timeout=1200))
+        results, open_entries = asyncio.run(asyncio.wait_for(bench(args, workdir, meta), timeout=time_limit(args)))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     meta["seconds"] = round(time.monotonic() - started, 1)
     if not args.json_only:
-        print(render_report(args, results, meta))
+        print(render_report(args, results, open_entries, meta))
         print(f"\n(total {meta['seconds']} s)")
     if args.json:
-        payload = {"meta": meta, "args": {k: v for k, v in vars(args).items() if k != "dir"}, "results": results}
+        payload = {"meta": meta, "args": {k: v for k, v in vars(args).items() if k != "dir"}, "results": results,
+                   "open_loop": open_entries}
         write_json(args.json, clean_nan(payload))
     return 0
 
