@@ -84,12 +84,13 @@ def job_spec(arm: str, shape: TrialShape, *, suffix: str = "") -> dict[str, Any]
     }
 
 
-async def run_arm(probe: TenantProbe, arm: str, shape: TrialShape) -> ArmResult:
+async def run_arm(probe: TenantProbe, arm: str, shape: TrialShape, *, suffix: str = "") -> ArmResult:
     """Run one arm to the end: submit, measure uncongested, start the flow, wait for the arm's answer, measure,
-    release the job and wait out the flow (so the next arm starts on a quiet link)."""
+    release the job and wait out the flow (so the next arm starts on a quiet link). `suffix`: `job_spec`'s, for a
+    second run of the arm in the same cloud (a released job keeps its id)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
-    spec = job_spec(arm, shape)
+    spec = job_spec(arm, shape, suffix=suffix)
     job = spec["id"]
     await probe.submit(spec)
     await probe.wait_progress(job, lambda p: p["step"] >= 20 and p["world_size"] == shape.workers,

@@ -57,7 +57,7 @@ async def congestion_scenario(ctx: EvalContext) -> ScenarioResult:
     loss_runs: list[LossRun] = []
     for repeat in range(ctx.repeats):
         for arm in arms:
-            run = await run_arm(ctx.probe, arm, shape)
+            run = await run_arm(ctx.probe, arm, shape, suffix=f"-r{repeat}")
             runs.append(run)
             congested.add(arm, run.congested.samples_per_s)
             uncongested.add(arm, run.uncongested.samples_per_s)
