@@ -22,7 +22,6 @@ one-shot use cases that commit. Every change queues the new desired state of the
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,6 +43,7 @@ from api.services.errors import (
 from api.services.host_assignments import write_host_assignments
 from api.services.ledger_hosts import HostSnapshot, host_preference
 from api.services.ledger_lock import lock_ledger
+from harmonaize.timeids import uuid7
 
 PLACEMENT_ROUNDS = 3
 """Re-reads of the candidate hosts before giving up: each round only starts if the previous one lost every race."""
@@ -142,7 +142,7 @@ async def place_workers(
         for host_id, group, _free in await host_preference(session, job, exclude_hosts):
             while len(placed) < count and await _try_reserve(session, host_id, per_worker):
                 allocation = Allocation(
-                    id=uuid.uuid4().hex,
+                    id=new_allocation_id(),
                     tenant_id=job.tenant_id,
                     job_id=job.id,
                     host_id=host_id,
@@ -182,7 +182,14 @@ _MOST_RECENT_FIRST = (
     )
     .order_by(Allocation.created_at.desc(), Allocation.id.desc())
 )
-"""A job's live allocations, the most recent first (the ones a shrink releases)."""
+"""A job's live allocations, the most recent first (the ones a shrink releases); rows made at the same time (one
+transaction's, or under a test's frozen clock) in the order they were made, by their time-ordered ids."""
+
+
+def new_allocation_id() -> str:
+    """A time-ordered id (a UUIDv7's 32 hex digits): among rows with one `created_at`, the larger id is the later row,
+    so "the most recent workers" is exact, where random ids made a shrink release one of them at random."""
+    return uuid7().replace("-", "")
 
 
 async def release_workers(session: AsyncSession, job: Job, count: int, *, now: datetime) -> set[str]:
@@ -203,7 +210,7 @@ async def release_workers(session: AsyncSession, job: Job, count: int, *, now: d
         if take < allocation.gpus:
             session.add(
                 Allocation(
-                    id=uuid.uuid4().hex,
+                    id=new_allocation_id(),
                     tenant_id=job.tenant_id,
                     job_id=job.id,
                     host_id=allocation.host_id,
@@ -312,7 +319,7 @@ async def allocate(
             for candidate_id, group in candidates:
                 if await _try_reserve(session, candidate_id, gpus):
                     allocation = Allocation(
-                        id=uuid.uuid4().hex, tenant_id=tenant_id, job_id=job_id, host_id=candidate_id, gpus=gpus,
+                        id=new_allocation_id(), tenant_id=tenant_id, job_id=job_id, host_id=candidate_id, gpus=gpus,
                         created_at=now,
                     )
                     session.add(allocation)

@@ -202,6 +202,38 @@ async def test_new_workers_join_the_jobs_hosts_then_its_group_and_shrinking_drop
             await ledger.change_job_workers(session, job, 1, expected_workers=3)  # type: ignore[arg-type]
 
 
+async def test_workers_placed_at_one_time_are_released_newest_first_all_the_same(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """One transaction's placements share their time: a shrink still releases the ones placed last (by their
+    time-ordered ids), not any of them at random. Repeated, since a random tie-break passes a third of the time."""
+    async with sessions() as session:
+        await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=1, host_id="h-b1")
+    for attempt in range(5):
+        now = datetime.now(UTC) + timedelta(hours=1 + attempt)
+        async with sessions() as session:
+            job = await session.get(Job, ("acme", "train"), populate_existing=True)
+            assert job is not None and job.desired_workers == 1
+            await ledger.change_job_workers(session, job, 3, expected_workers=1)
+            placed = await ledger.place_workers(session, job, 1, now=now)
+            placed += await ledger.place_workers(session, job, 2, now=now)
+            await session.commit()
+        assert [p.allocation.host_id for p in placed] == ["h-b1", "h-a1", "h-a1"]
+        async with sessions() as session:
+            job = await session.get(Job, ("acme", "train"), populate_existing=True)
+            assert job is not None
+            await ledger.change_job_workers(session, job, -2, expected_workers=4)
+            touched = await ledger.release_workers(session, job, 2, now=now)
+            await session.commit()
+        assert touched == {"h-a1"}, f"attempt {attempt}: the two placed last go, not the one placed with them"
+        async with sessions() as session:  # back to the one first worker for the next attempt
+            job = await session.get(Job, ("acme", "train"), populate_existing=True)
+            assert job is not None
+            await ledger.change_job_workers(session, job, -1, expected_workers=2)
+            assert await ledger.release_workers(session, job, 1, now=now) == {"h-b1"}
+            await session.commit()
+
+
 async def _placements(maker: async_sessionmaker[AsyncSession]) -> list[ledger.Placement]:
     async with maker() as session:
         return await ledger.list_placements(session, tenant_id="acme", job_id="train")
