@@ -45,11 +45,13 @@ def carbon(
 
 
 def failure(*, job: str = "llm-finetune", kind: FailureKind = FailureKind.HOST_DOWN, at: datetime | None = None,
-            event_id: str | None = None, host: str = HOST) -> CloudEvent[Failure]:
+            event_id: str | None = None, host: str = HOST, lead: timedelta = timedelta(minutes=5)
+            ) -> CloudEvent[Failure]:
+    """A critical failure of `host`; a predicted one has its eta `lead` after it was detected."""
     when = at or T0
     extra: dict[str, Any] = {}
     if kind is FailureKind.PREDICTED_FAILURE:
-        extra = {"eta": when + timedelta(minutes=5), "confidence": 0.9}
+        extra = {"eta": when + lead, "confidence": 0.9}
     data = Failure(kind=kind, host=host, detected_at=when, severity=Severity.CRITICAL, **extra)
     return make_event(data, source="/hz/provider/agent", subject=job, time=when, event_id=event_id)
 

@@ -67,6 +67,42 @@ async def test_failure_guard_asks_for_a_replacement_or_one_fewer_before_the_pred
     assert store.records()[0].outcome.endswith("replaced the worker")
 
 
+async def test_failure_guard_moves_the_worker_off_first_when_the_notice_is_shorter_than_a_start(
+    provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
+) -> None:
+    """A replacement joins only once started: with 6 s of notice the guard leaves the host first, one worker fewer
+    (a make-before-break swap would still be waiting for its joiner when the host dies)."""
+    provider.capacity["llm-finetune"] = 2
+    [ctl] = load_controllers(EXAMPLES / "failure_guard.py")
+    predicted = failure(kind=FailureKind.PREDICTED_FAILURE, lead=timedelta(seconds=6))
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(predicted)
+        await eventually(lambda: runtime.stats.handled == 1, what="handled")
+    [negotiation] = negotiations(provider)
+    assert negotiation["state"] == NegotiationState.ACCEPTED
+    assert negotiation["terms"]["desired_workers"] == 1
+    assert negotiation["terms"]["accept_workers"] == {"min": 1, "max": 1}
+    assert negotiation["terms"]["replace_hosts"] == [predicted.data.host], "the worker leaves the failing host"
+    assert provider.jobs["llm-finetune"]["desired_workers"] == 1
+    assert store.records()[0].outcome.endswith("left first, 1 workers (notice too short)")
+
+
+async def test_failure_guard_with_a_short_notice_at_the_minimum_size_still_asks_for_a_replacement(
+    provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
+) -> None:
+    """Leaving first is not possible at the job's minimum: the replacement is the only way to keep it running."""
+    provider.jobs["llm-finetune"]["min_workers"] = 2
+    provider.capacity["llm-finetune"] = 2
+    [ctl] = load_controllers(EXAMPLES / "failure_guard.py")
+    async with running(ctl, source=MemoryEventSource(bus), api=api, store=store) as runtime:
+        bus.publish(failure(kind=FailureKind.PREDICTED_FAILURE, lead=timedelta(seconds=6)))
+        await eventually(lambda: runtime.stats.handled == 1, what="handled")
+    [negotiation] = negotiations(provider)
+    assert negotiation["terms"]["desired_workers"] == 2
+    assert negotiation["terms"]["accept_workers"] == {"min": 2, "max": 2}
+    assert store.records()[0].outcome.endswith("replaced the worker")
+
+
 async def test_congestion_repartitioner_switches_to_hsdp_and_back_with_hysteresis(
     provider: FakeProvider, api: ProviderApi, bus: MemoryBroker, store: HandledStore
 ) -> None:

@@ -69,7 +69,9 @@ ARMS = {
     COOPERATIVE: (f"The local cloud: {WORKERS} workers, one per host, in place (DDP), checkpoint interval "
                   f"{CHECKPOINT_RANGE[0]}..{CHECKPOINT_RANGE[1]} allowed (starting at {CHECKPOINT_INTERVAL}); the "
                   "tenant runs the example failure guard. A notice reaches the tenant as a predicted failure "
-                  "(eta = the failure): the guard negotiates a replacement before it and the job moves in place. "
+                  "(eta = the failure): the guard negotiates a replacement before it and the job moves in place; "
+                  "with a notice shorter than a worker's start (the guard's HZ_REPLACE_MIN_LEAD_S, 10 s) it moves "
+                  "the worker off first, one fewer, instead of waiting for a joiner the host may not outlive. "
                   "Without notice the survivors re-form in place; once the host is back up the tenant asks for "
                   f"{WORKERS} workers again."),
 }
