@@ -39,7 +39,7 @@ from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
 from harmonaize.desired_state import DESIRED_STATE_BUCKET, HostAssignment, host_key
 from harmonaize.events import EventKind, NegotiationUpdate, parse_event_as
-from harmonaize.subjects import tenant_event_subject
+from harmonaize.subjects import parse_tenant_event_subject, tenant_event_subject
 from tests.faults.support import ADMIN_TOKEN, ApiService
 from tests.support import eventually
 
@@ -253,8 +253,9 @@ async def _undelivered_except_capacity(url: str) -> list[tuple[str, str]]:
                 "SELECT topic, subject FROM outbox WHERE delivered_at IS NULL ORDER BY id"))).all()
     finally:
         await engine.dispose()
-    capacity = f".{EventKind.CAPACITY.value}."
-    return [(str(topic).lower(), subject) for topic, subject in rows if capacity not in subject]
+    return [(str(topic).lower(), subject) for topic, subject in rows
+            if not (str(topic).lower() == "tenant_event"
+                    and parse_tenant_event_subject(subject).kind is EventKind.CAPACITY)]
 
 
 async def _delivered(url: str, negotiation_id: str) -> bool:
