@@ -9,7 +9,9 @@ Structure (kopf's reactor, reduced to what a tenant controller needs):
 * a resync ticker enqueues a resync in each lane at start and then every `resync_interval` (at most one queued per
   lane: resync reads current state, so two in a row are one);
 * for each event: skip handlers already recorded as finished for this CloudEvent id (de-duplication across
-  redeliveries and restarts), run the others with their retry policy, record each outcome, then ack. While a
+  redeliveries and restarts), run the others with their retry policy, record each outcome, then ack once the
+  records are committed (one commit and one burst of acks for the events finished in a turn of the loop:
+  `group_commit`). While a
   event is held (queued in its lane or being handled), its ack deadline is extended, so a slow or retrying handler
   does not get its event, or the events queued behind it, redelivered meanwhile. At most `max_in_flight` events are
   held at once: prefetching more than the lanes can handle only ties events to a process that might die.
@@ -34,6 +36,7 @@ from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.controller import Controller
 from tenant_controllers.errors import PermanentError
 from tenant_controllers.execution import Done, GaveUp, Interrupted, run_with_retries
+from tenant_controllers.group_commit import CommitThenAck
 from tenant_controllers.handlers import EventHandler, ResyncHandler, call_handler
 from tenant_controllers.idempotency import HandlerInvocation, invocation
 from tenant_controllers.job import Job
@@ -130,6 +133,7 @@ class ControllerRuntime:
         self._held: set[Delivery] = set()
         self._capacity = asyncio.Condition()
         self._stop = asyncio.Event()
+        self._acks = CommitThenAck(store, self._log)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class ControllerRuntime:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
             await self._drain(patience)
+            await self._acks.drain()  # what the lanes finished is committed and acked before the source closes
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
             await self.source.close()
@@ -316,7 +321,7 @@ class ControllerRuntime:
         if not pending:
             self.stats.duplicates += 1
             self._log.info("event %s was already handled; acking the redelivery", envelope.id)
-            await delivery.ack()
+            self._acks.ack_after_commit(delivery)  # its records may still be staged
             return
         newest = self._observe(envelope, delivery.data)
         if envelope.data.KIND in JOB_CHANGING_KINDS:
@@ -326,11 +331,10 @@ class ControllerRuntime:
                 continue
             if handler.latest_only and not newest:
                 self.stats.stale += 1
-                self.store.record(name, envelope.id, handler.id, status=Status.STALE)
+                self.store.stage(name, envelope.id, handler.id, status=Status.STALE)
                 continue
             await self._run_event_handler(handler, envelope, job)
-        self.store.flush()  # the newest observation, if no handler's record carried it
-        await delivery.ack()
+        self._acks.ack_after_commit(delivery)  # with its records and its newest observation
 
     async def _run_event_handler(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job) -> None:
         what = f"handler {handler.id} on {envelope.data.KIND.value} event {envelope.id} (job {envelope.subject})"
@@ -344,11 +348,11 @@ class ControllerRuntime:
         name = self.controller.name
         if isinstance(outcome, Done):
             self.stats.handled += 1
-            self.store.record(name, envelope.id, handler.id, status=Status.DONE, outcome=outcome.value)
+            self.store.stage(name, envelope.id, handler.id, status=Status.DONE, outcome=outcome.value)
         else:
             assert isinstance(outcome, GaveUp)
             self.stats.gave_up += 1
-            self.store.record(name, envelope.id, handler.id, status=Status.GAVE_UP, outcome=outcome.describe())
+            self.store.stage(name, envelope.id, handler.id, status=Status.GAVE_UP, outcome=outcome.describe())
 
     async def _attempt(self, handler: EventHandler, envelope: CloudEvent[Any], job: Job, number: int) -> Any:
         trace = child_traceparent(envelope.traceparent) if envelope.traceparent else None

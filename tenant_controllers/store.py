@@ -30,6 +30,11 @@ one commit, and none is acked before its observation is in the file. Deferring t
 is acked the broker redelivers it, and observing it again decides the same. A commit that fails keeps what was staged
 for the next one, so while the file cannot be written (a full disk), every event fails and is handed back rather than
 any being acked unrecorded. Files written by the first layout (`user_version` 0) are migrated when opened.
+
+Records can also be staged (`stage`) and written together (`commit`): the runtime commits once for every event
+finished in one turn of its event loop and acks them after that commit (`tenant_controllers.group_commit`), instead of
+one commit and one ack write per event. A commit that fails drops the staged records (their events are handed back and
+handled again, as when `record` fails) but keeps the observations.
 """
 
 from __future__ import annotations
@@ -153,11 +158,15 @@ class HandledStore:
         self._newest: dict[tuple[str, str, str], tuple[datetime, str]] = {}
         self._unwritten: dict[tuple[str, str, str], tuple[str, str, str]] = {}
         """Newest observations not yet in the file: key -> (time, event id, event); see `observe`."""
+        self._staged: dict[tuple[str, str, str], tuple[str, str, float]] = {}
+        """Records not yet in the file: (controller, event id, handler) -> (status, outcome JSON, at); see `stage`."""
         self._newest_loaded: set[str] = set()
         self._writes = 0
         self._pruned_at_writes = 0
         self.checkpoints = 0
         """Background checkpoints done (a test or a metrics exporter reads it)."""
+        self.commits = 0
+        """Commits that wrote handled records (a group commit counts once)."""
         self.prune()
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
@@ -239,28 +248,45 @@ class HandledStore:
     # -- handled events ----------------------------------------------------------------------------------------------
 
     def finished_handlers(self, controller: str, event_id: str) -> set[str]:
-        """Handlers that already finished (or gave up on) this event."""
+        """Handlers that already finished (or gave up on) this event: written, or staged for the next commit."""
         rows = self._db.execute(
             "SELECT handler FROM handled WHERE controller = ? AND event_id = ?", (controller, event_id)
         )
-        return {row[0] for row in rows}
+        found = {row[0] for row in rows}
+        if self._staged:
+            found |= {handler for (owner, event, handler) in self._staged if owner == controller and event == event_id}
+        return found
 
     def record(self, controller: str, event_id: str, handler: str, *, status: str, outcome: Any = None) -> None:
-        """Commit that `handler` finished `event_id`, with any newest observation not yet written (call before acking
-        the event)."""
+        """Commit that `handler` finished `event_id`, with anything staged and any newest observation not yet written
+        (call before acking the event)."""
+        self.stage(controller, event_id, handler, status=status, outcome=outcome)
+        self.commit()
+
+    def stage(self, controller: str, event_id: str, handler: str, *, status: str, outcome: Any = None) -> None:
+        """Note that `handler` finished `event_id`, to be written by the next `commit` (ack the event only after it);
+        `finished_handlers` and `records` see it at once."""
         encoded = json.dumps(to_jsonable_python(outcome, fallback=repr))
-        row = (controller, event_id, handler, status, encoded, time.time())
-        if not self._unwritten:
-            self._db.execute(_RECORD, row)
+        self._staged[(controller, event_id, handler)] = (status, encoded, time.time())
+
+    def commit(self) -> None:
+        """Write every staged record and newest observation not yet written, in one transaction (nothing to write:
+        no statement). If it fails the staged records are dropped and the observations kept for the next one."""
+        if not self._staged and not self._unwritten:
+            return
+        records = [(*key, *value) for key, value in self._staged.items()]
+        self._staged.clear()
+        if len(records) == 1 and not self._unwritten:
+            self._db.execute(_RECORD, records[0])  # one row: its own implicit transaction, no BEGIN/COMMIT to send
         else:
-            self._commit_with_unwritten([row])
-        self._writes += 1
+            self._commit_with_unwritten(records)
+        self._writes += len(records)
+        self.commits += bool(records)
         self._maybe_prune_inline()
 
     def flush(self) -> None:
-        """Commit the newest observations not yet written (call before acking an event no handler recorded)."""
-        if self._unwritten:
-            self._commit_with_unwritten([])
+        """Commit what is staged and the newest observations not yet written (call before acking an event)."""
+        self.commit()
 
     def _commit_with_unwritten(self, records: list[tuple[Any, ...]]) -> None:
         """`records` and the unwritten observations as one commit; the observations stay unwritten if it fails."""
@@ -271,13 +297,15 @@ class HandledStore:
         self._unwritten.clear()
 
     def records(self, controller: str | None = None) -> list[HandledRecord]:
-        """Everything recorded (for one controller), oldest first."""
+        """Everything recorded (for one controller), written or staged, oldest first."""
         query = "SELECT controller, event_id, handler, status, outcome, at FROM handled"
         params: tuple[str, ...] = ()
         if controller is not None:
             query += " WHERE controller = ?"
             params = (controller,)
-        rows = self._db.execute(query + " ORDER BY at, event_id, handler", params)
+        rows = list(self._db.execute(query, params))
+        rows += [(*key, *value) for key, value in self._staged.items() if controller in (None, key[0])]
+        rows.sort(key=lambda row: (row[5], row[1], row[2]))
         return [HandledRecord(c, e, h, s, json.loads(o) if o is not None else None, a) for c, e, h, s, o, a in rows]
 
     def prune(self, *, now: float | None = None) -> int:
