@@ -11,7 +11,8 @@ SQLite is configured for one process serving concurrent requests:
   DDL (every migration step) and the reads before a conditional write outside any transaction (a failed
   multi-revision downgrade would leave tables dropped). The driver's own handling is switched off and SQLAlchemy
   emits `BEGIN` itself (the documented recipe), so a migration or a use case is all or nothing on SQLite too;
-- one hand-off to the driver's thread per statement instead of four (`api.sqlite_driver`).
+- statements on the event loop's thread, only commits and waits for another process's lock on the driver's
+  thread (`api.sqlite_driver`): a hand-off there costs more CPU than the statements themselves.
 
 PostgreSQL (`postgresql+asyncpg://...` in HZ_DATABASE_URL) gets an ordinary connection pool, whose connections are
 pinged before use, so one that died with a database restart is replaced instead of failing a request.

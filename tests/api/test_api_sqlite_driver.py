@@ -1,17 +1,21 @@
-"""The SQLite driver's one-hand-off cursor (`api.sqlite_driver`) and `api.db.execute_core`.
+"""The SQLite driver (`api.sqlite_driver`) and `api.db.execute_core`.
 
-What SQLAlchemy reads from a cursor must be what aiosqlite's own cursor gives (rows, rowcount, lastrowid, errors), a
-statement must cost one call on the connection's thread, and a Core statement must see the session's pending objects
-as an ORM one would (autoflush).
+What SQLAlchemy reads from a cursor must be what aiosqlite's own cursor gives (rows, rowcount, lastrowid, errors); a
+statement or a rollback must cost no hand-off to the connection's thread and a commit one; a lock held by another
+connection must be waited for on that thread, never on the event loop; and a Core statement must see the session's
+pending objects as an ORM one would (autoflush).
 """
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Table, func, select, text, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -61,9 +65,8 @@ async def test_rows_rowcount_lastrowid_and_errors_are_the_drivers(engine: AsyncE
             await connection.execute(text("SELECT * FROM no_such_table"))
 
 
-async def test_a_statement_is_one_call_on_the_connections_thread(
-    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _count_hand_offs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every function handed to a connection's thread from now on."""
     calls: list[Any] = []
     original: Any = sqlite_driver.OneHopConnection._execute  # untyped in aiosqlite
 
@@ -71,11 +74,59 @@ async def test_a_statement_is_one_call_on_the_connections_thread(
         calls.append(fn)
         return await original(self, fn, *args, **kwargs)
 
-    async with engine.connect() as connection:
-        await connection.execute(text("SELECT 1"))  # connected and begun before counting
-        monkeypatch.setattr(sqlite_driver.OneHopConnection, "_execute", counting)
-        assert (await connection.execute(select(func.count()).select_from(Host))).scalar_one() == 0
-    assert calls[0] is sqlite_driver._run and len([fn for fn in calls if fn is sqlite_driver._run]) == 1
+    monkeypatch.setattr(sqlite_driver.OneHopConnection, "_execute", counting)
+    return calls
+
+
+async def test_statements_and_rollbacks_run_without_a_hand_off_and_a_commit_with_one(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_sessionmaker(engine)() as session:
+        await session.execute(text("SELECT 1"))  # connected before counting
+        await session.rollback()
+        calls = _count_hand_offs(monkeypatch)
+        assert (await session.execute(select(func.count()).select_from(Host))).scalar_one() == 0
+        session.add(Host(id="h1", gpus=8, locality_group="rack-a", created_at=utcnow()))
+        await session.flush()
+        await session.rollback()
+        assert calls == [], "BEGIN, a read, an insert and the rollback all ran on the event loop's thread"
+        session.add(Host(id="h1", gpus=8, locality_group="rack-a", created_at=utcnow()))
+        await session.commit()
+        assert len(calls) == 1, "the commit (the WAL write) ran on the connection's thread"
+    async with make_sessionmaker(engine)() as session:
+        assert (await session.execute(select(func.count()).select_from(Host))).scalar_one() == 1
+
+
+async def test_a_lock_held_by_another_connection_is_waited_for_on_the_thread_not_the_event_loop(
+    engine: AsyncEngine, migrated_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = make_url(migrated_settings.resolved_database_url).database
+    assert database
+    other = sqlite3.connect(database, isolation_level=None, timeout=0)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            await session.execute(text("SELECT 1"))
+            await session.rollback()
+            other.execute("BEGIN IMMEDIATE")  # another process takes the write lock
+            calls = _count_hand_offs(monkeypatch)
+            session.add(Host(id="h1", gpus=8, locality_group="rack-a", created_at=utcnow()))
+            writing = asyncio.create_task(session.flush())
+            ticks = 0
+            while sqlite_driver._run_waiting not in calls:  # the insert met the lock and went to the thread
+                assert not writing.done(), "the insert finished although another connection holds the write lock"
+                await asyncio.sleep(0.01)
+                ticks += 1
+                assert ticks < 500, "the insert never went to the connection's thread"
+            for _ in range(5):  # the event loop runs on while the thread waits
+                await asyncio.sleep(0.01)
+            assert not writing.done()
+            other.execute("COMMIT")
+            await asyncio.wait_for(writing, timeout=10)
+            await session.commit()
+        async with make_sessionmaker(engine)() as session:
+            assert list(await session.scalars(select(Host.id))) == ["h1"]
+    finally:
+        other.close()
 
 
 async def test_a_core_statement_sees_pending_objects_as_an_orm_one_would(engine: AsyncEngine) -> None:
