@@ -8,6 +8,7 @@ to react before the history block, as a person would look before querying.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -67,14 +68,38 @@ class Output:
             time.sleep(0.2)
 
 
-def _stop(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
+def _live_members(pgid: int) -> list[int]:
+    """Processes of the group that still run (zombies left out: an orphan's is reaped by init, whenever)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _stop(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+    """Stop `proc` (started with `start_new_session`) and everything in its process group, even after the leader
+    itself exited: a shell whose stdin closed ends at once and leaves the commands it started with `&` running."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        proc.wait(10)
+    deadline = time.monotonic() + 60
+    while members := _live_members(proc.pid):  # the group's other members: not our children, so polled
+        if time.monotonic() > deadline:
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            assert time.monotonic() < deadline + 10, f"processes {members} outlived SIGKILL"
+        time.sleep(0.1)
 
 
 @pytest.fixture
