@@ -7,14 +7,21 @@ open a cursor, execute, fetch all rows, close. Each is a hand-off from the event
 write: microseconds). So `BufferedCursor.execute` runs the statement right here, reads every row, and keeps the rows,
 `description`, `rowcount` and `lastrowid` for SQLAlchemy, which reads every row of a (non-streaming) result anyway.
 
-What must not run on the event loop goes to the connection's thread as before:
-* waiting for another process's lock. Statements here run with SQLite's busy timeout at 0, so a lock held elsewhere
-  (a CLI command, a backup) fails at once with SQLITE_BUSY, before the statement changed anything; it is then run
-  again on the thread with the connection's configured timeout (`PRAGMA busy_timeout`, 5 s in `api.db`), where
-  waiting blocks only that thread;
-* COMMIT, through aiosqlite's own `commit`: it writes the transaction to the WAL and may run an automatic
-  checkpoint, i.e. file I/O that can take milliseconds.
-ROLLBACK runs here (it only drops what the transaction wrote to memory, and every read-only request ends with one).
+COMMIT and ROLLBACK run here too. In WAL mode with `synchronous = NORMAL` (how `api.db` opens the database) a
+commit appends the transaction's pages to the WAL without an fsync, and a rollback only drops what the transaction
+wrote to memory. What can take milliseconds is the checkpoint, which copies the WAL into the database file and
+fsyncs both; SQLite would run one inside the commit that fills the WAL to 1,000 pages, so this connection turns
+that off (`wal_autocheckpoint = 0`) and hands a PASSIVE checkpoint to its thread after every
+`CHECKPOINT_EVERY_COMMITS` commits, without waiting for it: the next call on the connection waits for it instead
+(`settle`), so the two threads never use the connection at once. In another journal mode, or with
+`synchronous = FULL`, a commit syncs the file itself and runs on the thread, as in aiosqlite.
+
+What must not run on the event loop goes to the connection's thread:
+* waiting for another process's lock. Statements and commits here run with SQLite's busy timeout at 0, so a lock
+  held elsewhere (a CLI command, a backup) fails at once with SQLITE_BUSY, before anything changed; the call is then
+  made again on the thread with the connection's configured timeout (`PRAGMA busy_timeout`, 5 s in `api.db`),
+  where waiting blocks only that thread;
+* the checkpoints above, and commits that sync the file.
 
 Plugged in through the aiosqlite dialect's `async_creator_fn` connect argument (`api.db.make_engine`), so the
 dialect, pool and events are SQLAlchemy's own. It reaches into three internals of aiosqlite (`_execute`, `_conn`,
@@ -27,6 +34,8 @@ reads, which the API does not make.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import sqlite3
 from collections import deque
@@ -45,6 +54,12 @@ SUPPORTED: bool = (
 _Description = tuple[tuple[Any, ...], ...] | None
 _Outcome = tuple[list[Any], _Description, int, int | None]
 
+
+_LOG = logging.getLogger(__name__)
+
+CHECKPOINT_EVERY_COMMITS = 100
+"""Commits on the event loop between two checkpoints on the thread. A negotiation's commit writes a few pages, so
+the WAL stays near the 1,000 pages at which SQLite itself would checkpoint."""
 
 SQLITE_BUSY = 5
 _BUSY_TIMEOUT = re.compile(r"\s*PRAGMA\s+busy_timeout\s*(?:=\s*(\d+)\s*)?;?\s*", re.IGNORECASE)
@@ -74,6 +89,22 @@ def _run_waiting(connection: sqlite3.Connection, wait_ms: int, sql: str, paramet
         connection.execute("PRAGMA busy_timeout = 0")
 
 
+def _commit_waiting(connection: sqlite3.Connection, wait_ms: int) -> None:
+    """On the connection's thread: COMMIT with the busy timeout at `wait_ms` (back to 0 afterwards)."""
+    connection.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
+    try:
+        connection.commit()
+    finally:
+        connection.execute("PRAGMA busy_timeout = 0")
+
+
+def _checkpoint(connection: sqlite3.Connection) -> tuple[int, int, int]:
+    """On the connection's thread: copy what the WAL holds into the database file, waiting for nobody (PASSIVE);
+    (busy, frames in the WAL, frames copied), as SQLite reports them."""
+    busy, frames, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return int(busy), int(frames), int(copied)
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == SQLITE_BUSY
 
@@ -101,6 +132,7 @@ class BufferedCursor:
 
     async def _call(self, sql: str, parameters: Any, *, many: bool) -> BufferedCursor:
         connection = self._connection
+        await connection.settle()
         db = connection._conn
         connection.take_busy_timeout(db)
         busy_timeout = _BUSY_TIMEOUT.fullmatch(sql)
@@ -146,11 +178,18 @@ class BufferedCursor:
 
 
 class OneHopConnection(aiosqlite.Connection):
-    """`aiosqlite.Connection` whose cursors are `BufferedCursor`s and whose rollback runs on the caller's thread."""
+    """`aiosqlite.Connection` whose cursors are `BufferedCursor`s and whose commit and rollback run on the caller's
+    thread (see the module docstring for when a commit does not)."""
 
     wait_ms: int = 0
     """The busy timeout the connection was configured with, used on its thread; statements here run with 0."""
     _timeout_taken = False
+    _commits_here: bool | None = None
+    """Whether commits run on the event loop (WAL, no fsync at commit); decided at the first commit."""
+    _commits_since_checkpoint = 0
+    _checkpointing: asyncio.Future[tuple[int, int, int]] | None = None
+    checkpoints = 0
+    """Checkpoints this connection has finished on its thread."""
 
     def cursor(self) -> BufferedCursor:  # type: ignore[override]
         return BufferedCursor(self)
@@ -166,8 +205,56 @@ class OneHopConnection(aiosqlite.Connection):
             db.execute("PRAGMA busy_timeout = 0")
             self._timeout_taken = True
 
+    async def settle(self) -> None:
+        """Wait for the checkpoint the connection's thread may be running; every call on the connection comes here
+        first. Shielded: a caller cancelled meanwhile leaves it to finish, and the next call waits for it."""
+        pending = self._checkpointing
+        if pending is None:
+            return
+        try:
+            await asyncio.shield(pending)
+        except sqlite3.Error as exc:  # a failed PASSIVE checkpoint loses nothing: the WAL keeps the pages
+            _LOG.warning("SQLite checkpoint failed (the next one will retry): %s", exc)
+        else:
+            self.checkpoints += 1
+        finally:
+            if pending.done():
+                self._checkpointing = None
+
+    def _decide_commits_here(self, db: sqlite3.Connection) -> bool:
+        if self._commits_here is None:
+            (mode,) = db.execute("PRAGMA journal_mode").fetchone()
+            (synchronous,) = db.execute("PRAGMA synchronous").fetchone()
+            self._commits_here = str(mode).lower() == "wal" and int(synchronous) <= 1  # OFF or NORMAL
+            if self._commits_here:
+                db.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints go to the thread (settle)
+        return self._commits_here
+
+    async def commit(self) -> None:
+        await self.settle()
+        db = self._conn
+        if not self._decide_commits_here(db):
+            await super().commit()
+            return
+        try:
+            db.commit()
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc):
+                raise
+            await cast("Callable[..., Awaitable[None]]", self._execute)(_commit_waiting, db, self.wait_ms)
+        self._commits_since_checkpoint += 1
+        if self._commits_since_checkpoint >= CHECKPOINT_EVERY_COMMITS:
+            self._commits_since_checkpoint = 0
+            on_thread = cast("Callable[..., Awaitable[tuple[int, int, int]]]", self._execute)
+            self._checkpointing = asyncio.ensure_future(on_thread(_checkpoint, db))
+
     async def rollback(self) -> None:
+        await self.settle()
         self._conn.rollback()
+
+    async def close(self) -> None:
+        await self.settle()
+        await super().close()
 
 
 def connect(database: str, **kwargs: Any) -> OneHopConnection:
