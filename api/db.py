@@ -21,7 +21,7 @@ pinged before use, so one that died with a database restart is replaced instead 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -124,7 +124,7 @@ def rows_matched(result: Result[*tuple[Any, ...]]) -> int:
 
 
 async def execute_core(
-    session: AsyncSession, statement: Executable, params: Mapping[str, Any] | None = None
+    session: AsyncSession, statement: Executable, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
 ) -> Result[*tuple[Any, ...]]:
     """Run a Core statement (built on tables, not mapped classes) in the session's transaction.
 

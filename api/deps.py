@@ -24,10 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db import close_session
 from api.log_context import bind
-from api.models import Tenant
 from api.options import NegotiationRuntime
 from api.services.negotiations import NegotiationContext
-from api.services.tenants import TenantRegistry, authenticate
+from api.services.tenants import TenantRegistry, TokenHolder, authenticate
 from broker_config.accounts import TenantBroker
 from harmonaize.settings import Settings
 
@@ -107,7 +106,7 @@ def is_admin_token(token: str, settings: Settings) -> bool:
     return hmac.compare_digest(token.encode(), settings.admin_token.get_secret_value().encode())
 
 
-async def current_tenant(token: BearerToken, session: SessionDep, settings: SettingsDep) -> Tenant:
+async def current_tenant(token: BearerToken, session: SessionDep, settings: SettingsDep) -> TokenHolder:
     """The active tenant the token belongs to; every tenant route reads and writes through its id."""
     if is_admin_token(token, settings):
         raise HTTPException(403, "this route is for tenants: use a tenant's API token, not the admin token")
@@ -130,5 +129,5 @@ async def require_admin(token: BearerToken, session: SessionDep, settings: Setti
     raise HTTPException(401, "invalid admin token", headers=_CHALLENGE)
 
 
-CurrentTenant = Annotated[Tenant, Depends(current_tenant)]
+CurrentTenant = Annotated[TokenHolder, Depends(current_tenant)]
 AdminDep = Annotated[None, Depends(require_admin)]

@@ -47,5 +47,5 @@ async def revoke_tenant(
 
 
 @router.get("/tenant")
-async def get_own_tenant(tenant: CurrentTenant) -> TenantPublic:
-    return TenantPublic.model_validate(tenant)
+async def get_own_tenant(tenant: CurrentTenant, session: SessionDep) -> TenantPublic:
+    return TenantPublic.model_validate(await service.get_tenant(session, tenant.id))

@@ -8,11 +8,11 @@ transaction as the effect, so "done" and "remembered" cannot disagree. Later req
   different answer than the one it missed);
 * other body -> refused (422): the key was reused for a different request, which is a client bug.
 
-Two concurrent first requests are settled by the primary key: the key's row is inserted, response included, by the
-flush that commits the work (one statement, no separate claim and update), so on PostgreSQL the second insert waits
-for the first transaction and then fails (on SQLite the second request's lookup already finds the first's row: one
-writer at a time); the loser rolls all of its work back and replays the winner's response, so only one effect is
-ever committed. Failed requests store nothing, so a retry after an error executes again.
+Two concurrent first requests are settled by the primary key: the key's row is inserted, response included, as
+the work's last statement before its commit (one statement, no separate claim and update), so on PostgreSQL the
+second insert waits for the first transaction and then fails (on SQLite the second request's lookup already finds
+the first's row: one writer at a time); the loser rolls all of its work back and replays the winner's response, so
+only one effect is ever committed. Failed requests store nothing, so a retry after an error executes again.
 """
 
 from __future__ import annotations
@@ -22,12 +22,16 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+from sqlalchemy import Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.db import execute_core
 from api.models import IdempotencyKey
 from api.services.errors import InvalidRequestError
+
+_KEYS = cast("Table", IdempotencyKey.__table__)
 
 
 class IdempotencyKeyReusedError(InvalidRequestError):
@@ -65,22 +69,21 @@ def replay(row: IdempotencyKey | None, request_fingerprint: str) -> StoredRespon
     return StoredResponse(status=row.response_status, body=row.response_body)
 
 
-def claim(
+async def claim(
     session: AsyncSession, *, tenant_id: str, key: str, request_fingerprint: str, response: StoredResponse,
     now: datetime,
-) -> IdempotencyKey:
-    """Add the key with its response to the session, to be inserted (at the next flush: the commit) with the work.
+) -> None:
+    """Insert the key with its response, in the transaction of the work (by a Core insert: no object to flush).
 
-    The commit raises IntegrityError if another request committed the key meanwhile (or holds it uncommitted, on
-    PostgreSQL once that one commits): the caller then rolls everything back and replays the stored response.
+    The insert raises IntegrityError if another request committed the key meanwhile (on PostgreSQL, if one holds it
+    uncommitted, once that one commits): the caller then rolls everything back and replays the stored response.
     """
-    row = IdempotencyKey(
-        tenant_id=tenant_id,
-        key=key,
-        fingerprint=request_fingerprint,
-        response_status=response.status,
-        response_body=response.body,
-        created_at=now,
-    )
-    session.add(row)
-    return row
+    row = {
+        "tenant_id": tenant_id,
+        "key": key,
+        "fingerprint": request_fingerprint,
+        "response_status": response.status,
+        "response_body": response.body,
+        "created_at": now,
+    }
+    await execute_core(session, insert(_KEYS), row)

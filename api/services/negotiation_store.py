@@ -9,11 +9,12 @@ for the tenant in the outbox, in the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, bindparam, delete, func, select, update
+from sqlalchemy import Select, Table, bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -22,13 +23,14 @@ from api.models import Job, Negotiation, NegotiationRound
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
-from api.services.outbox import enqueue_tenant_event
+from api.services.outbox import enqueue_tenant_event, insert_tenant_event
 from harmonaize.events import NegotiationUpdate
 from harmonaize.negotiation import NegotiationState, NegotiationTerms, Offer, OfferOption, RoundAction
 from harmonaize.rest import NegotiationPublic, NegotiationSummary, RoundPublic
 
 NOT_FOUND = "negotiation not found"
 _NEGOTIATIONS = cast("Table", Negotiation.__table__)
+_ROUNDS = cast("Table", NegotiationRound.__table__)
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,59 @@ async def load_record(session: AsyncSession, negotiation: Negotiation) -> Negoti
     return NegotiationRecord(negotiation=negotiation, rounds=list(rounds))
 
 
+def new_round(
+    negotiation: Negotiation,
+    action: RoundAction,
+    *,
+    seq: int,
+    at: datetime,
+    terms: NegotiationTerms | None = None,
+    offer: Offer | None = None,
+    option: int | None = None,
+    note: str | None = None,
+) -> NegotiationRound:
+    """One step of `negotiation` (its round number is the negotiation's current one), not yet written."""
+    return NegotiationRound(
+        negotiation_id=negotiation.id,
+        seq=seq,
+        round=negotiation.round,
+        actor=ACTORS[action],
+        action=action,
+        at=at,
+        terms=None if terms is None else terms.model_dump(mode="json"),
+        offer=None if offer is None else offer.model_dump(mode="json"),
+        option=option,
+        note=None if note is None else note[:500],
+    )
+
+
+async def insert_rounds(session: AsyncSession, steps: Sequence[NegotiationRound]) -> None:
+    """Write `steps` (from `new_round`) by one Core insert, now; the objects stay out of the session (a negotiation
+    being opened writes its first two steps so: the unit of work's flush of them cost more than the statement)."""
+    rows = [{column.key: getattr(step, column.key) for column in _ROUNDS.c} for step in steps]
+    await execute_core(session, insert(_ROUNDS), rows)
+
+
+async def insert_opened(
+    session: AsyncSession, negotiation: Negotiation, *, terms: NegotiationTerms, answer: RoundAction, note: str,
+    now: datetime,
+) -> NegotiationRecord:
+    """Write a negotiation just opened (every column set): its row, its first two steps (the request and the
+    provider's `answer`) and the tenant's event, each by one Core insert, in the order a flush would write them.
+    The objects stay out of the session (a flush of them cost about twice the CPU); they are only read to answer."""
+    row = {column.key: getattr(negotiation, column.key) for column in _NEGOTIATIONS.c}
+    await execute_core(session, insert(_NEGOTIATIONS), row)
+    record = NegotiationRecord(negotiation=negotiation, rounds=[
+        new_round(negotiation, RoundAction.REQUEST, seq=1, at=now, terms=terms),
+        new_round(negotiation, answer, seq=2, at=now, offer=offer_of(negotiation), note=note),
+    ])
+    await insert_rounds(session, record.rounds)
+    update_event = negotiation_update(negotiation, now=now)
+    await insert_tenant_event(session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event,
+                              now=now)
+    return record
+
+
 async def append_round(
     session: AsyncSession,
     negotiation: Negotiation,
@@ -162,8 +217,8 @@ async def append_round(
 ) -> NegotiationRound:
     """Record one step (the round number is the negotiation's current one).
 
-    `seq`: the step's position when the caller knows it (a negotiation being opened has steps 1 and 2); then neither
-    the `max(seq)` read nor a flush of its own is needed, and the step is written with the rest of the transaction.
+    `seq`: the step's position when the caller knows it; then neither the `max(seq)` read nor a flush of its own is
+    needed, and the step is written with the rest of the transaction.
     """
     flush = seq is None
     if seq is None:
@@ -171,18 +226,7 @@ async def append_round(
             select(func.max(NegotiationRound.seq)).where(NegotiationRound.negotiation_id == negotiation.id)
         )
         seq = int(last or 0) + 1
-    step = NegotiationRound(
-        negotiation_id=negotiation.id,
-        seq=seq,
-        round=negotiation.round,
-        actor=ACTORS[action],
-        action=action,
-        at=at,
-        terms=None if terms is None else terms.model_dump(mode="json"),
-        offer=None if offer is None else offer.model_dump(mode="json"),
-        option=option,
-        note=None if note is None else note[:500],
-    )
+    step = new_round(negotiation, action, seq=seq, at=at, terms=terms, offer=offer, option=option, note=note)
     session.add(step)
     if flush:
         await session.flush()
@@ -219,20 +263,24 @@ async def change_state(
     return target
 
 
-def announce(session: AsyncSession, negotiation: Negotiation, *, now: datetime) -> None:
-    """Queue the negotiation's new state as a CloudEvent on the tenant's `negotiation` subject for the job."""
-    offer = offer_of(negotiation)
-    update_event = NegotiationUpdate(
+def negotiation_update(negotiation: Negotiation, *, now: datetime) -> NegotiationUpdate:
+    """The tenant's event for the negotiation's current state."""
+    return NegotiationUpdate(
         negotiation_id=negotiation.id,
         kind=negotiation.kind,
         state=negotiation.state,
         round=negotiation.round,
-        offer=offer,
+        offer=offer_of(negotiation),
         accepted_option=accepted_option_of(negotiation),
         at=now,
     )
+
+
+def announce(session: AsyncSession, negotiation: Negotiation, *, now: datetime) -> None:
+    """Queue the negotiation's new state as a CloudEvent on the tenant's `negotiation` subject for the job."""
     enqueue_tenant_event(
-        session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event, now=now
+        session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id,
+        data=negotiation_update(negotiation, now=now), now=now,
     )
 
 

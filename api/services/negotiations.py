@@ -20,13 +20,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db import execute_core
 from api.models import IdempotencyKey, Job, Negotiation, Tenant
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
@@ -53,6 +52,7 @@ from api.services.negotiation_store import (
     append_round,
     change_state,
     expire,
+    insert_opened,
     load_for_change,
     offer_of,
     public,
@@ -61,8 +61,6 @@ from api.services.standby import stand_by, stand_down
 from api.services.worker_replacement import avoided_hosts, resolve
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
-
-_NEGOTIATIONS = cast("Table", Negotiation.__table__)
 
 MAX_ROUNDS = 100
 """Counters allowed per negotiation: a controller stuck in a loop ends here instead of growing history forever."""
@@ -147,10 +145,14 @@ async def _append(session: AsyncSession, record: NegotiationRecord, action: Roun
     record.rounds.append(await append_round(session, record.negotiation, action, seq=seq, **step))
 
 
+def _answer_action(state: NegotiationState) -> RoundAction:
+    return RoundAction.OFFER if state is NegotiationState.OFFERED else RoundAction.DECLINE
+
+
 async def _record_answer(
     session: AsyncSession, record: NegotiationRecord, state: NegotiationState, note: str, now: datetime
 ) -> None:
-    action = RoundAction.OFFER if state is NegotiationState.OFFERED else RoundAction.DECLINE
+    action = _answer_action(state)
     await _append(session, record, action, at=now, offer=offer_of(record.negotiation), note=note)
     announce(session, record.negotiation, now=now)
 
@@ -179,13 +181,9 @@ async def _open(
     negotiation.state = state
     for name, value in values.items():
         setattr(negotiation, name, value)
-    # the row first (its rounds and outbox event refer to it), by a Core insert: a flush of the object cost about
-    # twice the CPU; the object stays out of the session, only read to answer (every column is set above)
-    row = {column.key: getattr(negotiation, column.key) for column in _NEGOTIATIONS.c}
-    await execute_core(session, insert(_NEGOTIATIONS), row)
-    record = NegotiationRecord(negotiation=negotiation, rounds=[])  # a new negotiation's steps: 1 and 2
-    await _append(session, record, RoundAction.REQUEST, at=ctx.now, terms=request.terms)
-    await _record_answer(session, record, state, note, ctx.now)
+    record = await insert_opened(
+        session, negotiation, terms=request.terms, answer=_answer_action(state), note=note, now=ctx.now
+    )
     await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, locked=False)
     return record
 
@@ -224,8 +222,8 @@ async def open_negotiation(
     try:
         record = await _open(session, tenant_id=tenant_id, request=request, job=job, ctx=ctx)
         response = StoredResponse(status=201, body=public(record).model_dump(mode="json"))
-        idempotency.claim(session, **lookup, response=response, now=ctx.now)
-        await session.commit()  # the key, its response and the negotiation: one flush, one commit
+        await idempotency.claim(session, **lookup, response=response, now=ctx.now)
+        await session.commit()  # the key, its response and the negotiation: one commit
         return response
     except IntegrityError:
         await session.rollback()
