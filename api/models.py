@@ -228,14 +228,16 @@ class Allocation(Base):
         ForeignKeyConstraint(
             ["tenant_id", "job_id"], ["jobs.tenant_id", "jobs.id"], ondelete="RESTRICT"
         ),
-        Index("ix_allocations_tenant_id_job_id", "tenant_id", "job_id"),
+        # with the release time: every ledger read wants the live rows only (migration 0016)
+        Index("ix_allocations_tenant_id_job_id_released_at", "tenant_id", "job_id", "released_at"),
+        Index("ix_allocations_host_id_released_at", "host_id", "released_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     job_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     host_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("hosts.id", ondelete="RESTRICT"), index=True
+        String(ID_LENGTH), ForeignKey("hosts.id", ondelete="RESTRICT")
     )
     gpus: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)

@@ -14,8 +14,9 @@ An assignment also lists, apart from its jobs, the *standby* nodes of open offer
 
 Each job also carries a placement *epoch*: node launchers start one torchrun rendezvous per epoch, sized exactly to
 the job's node count, so whenever the job's node set, worker counts or plan change, the epoch moves on and every
-host of the job (old and new) is rewritten. Directives (the micro loop's settings) travel in the same assignment
-but do not change the epoch: the running job applies them at a step boundary, without a restart.
+host of the job (old and new) is rewritten (`placement_epochs`). Directives (the micro loop's settings) travel in
+the same assignment but do not change the epoch: the running job applies them at a step boundary, without a
+restart.
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Protocol, cast
 
-from sqlalchemy import ColumnElement, Table, bindparam, func, or_, select, tuple_, update
+from sqlalchemy import Table, bindparam, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db import execute_core
 from api.models import Allocation, Host, Job, Negotiation
 from api.models_standby import StandbyNode
 from api.services.approval_commands import open_approvals
-from api.services.job_lifecycle import advance, epoch_event
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
+from api.services.placement_epochs import EFFECTIVE, placement_hosts, renew_epochs
 from harmonaize.desired_state import AssignedJob, HostAssignment, MaintenanceApproval, RestartMode
 from harmonaize.job_runtime import Directives, JobRanges
 from harmonaize.jobs import Compression, ParallelPlan
@@ -43,12 +44,6 @@ from harmonaize.negotiation import NegotiationState
 from harmonaize.ranges import IntRange
 
 _A, _J, _H = Allocation.__table__.c, Job.__table__.c, Host.__table__.c
-_EFFECTIVE: tuple[ColumnElement[bool], ColumnElement[bool]] = (
-    _A.released_at.is_(None), or_(_A.starts_at.is_(None), _A.starts_at <= bindparam("now"))
-)
-"""Allocations that hold capacity at `now` (a parameter): not released, and started (a reservation counts from its
-start). The statements below are built once, on the tables, with parameters (`api.db.execute_core`): an accept runs
-all of them, and building them, or running them as ORM statements, cost more CPU than SQLite takes to run them."""
 
 
 class AssignableJob(Protocol):
@@ -133,54 +128,10 @@ def job_directives(job: AssignableJob) -> Directives:
     return Directives() if job.directives is None else Directives.model_validate(job.directives)
 
 
-def _placement_hosts(placement: dict[str, object] | None) -> dict[str, int]:
-    """Workers per host in a stored placement (as `_placement` writes it); empty for a job placed nowhere.
-
-    The JSON column is typed loosely, so the shape written below is restated here, once.
-    """
-    return cast("dict[str, int]", (placement or {}).get("hosts") or {})
-
-
-_CANDIDATES = (
-    select(_A.tenant_id, _A.job_id)
-    .where(
-        _A.host_id.in_(bindparam("hosts", expanding=True)),
-        or_(_A.released_at.is_(None), _A.released_at >= bindparam("now")),
-    )
-    .distinct()
-)
-"""`_renew_epochs`' candidates: the jobs with a live allocation on `hosts` or one released at `now` or later."""
-_CANDIDATE_JOBS = (
-    select(_J.tenant_id, _J.id, _J.gpus_per_worker, _J.parallel_plan, _J.placement)
-    .where(tuple_(_J.tenant_id, _J.id).in_(_CANDIDATES))
-    .order_by(_J.tenant_id, _J.id)
-)
-_CANDIDATE_PLACEMENTS = (
-    select(_A.tenant_id, _A.job_id, _A.host_id, func.sum(_A.gpus))
-    .where(tuple_(_A.tenant_id, _A.job_id).in_(_CANDIDATES), *_EFFECTIVE)
-    .group_by(_A.tenant_id, _A.job_id, _A.host_id)
-)
-"""GPUs per host now of every candidate job."""
-
-
-async def _placements(session: AsyncSession, params: dict[str, object]) -> dict[tuple[str, str], dict[str, int]]:
-    """GPUs per host now of every candidate job (tenant, job), in one statement."""
-    found: dict[tuple[str, str], dict[str, int]] = {}
-    for tenant_id, job_id, host_id, gpus in await execute_core(session, _CANDIDATE_PLACEMENTS, params):
-        found.setdefault((tenant_id, job_id), {})[host_id] = int(gpus)
-    return found
-
-
-def _placement(gpus_per_worker: int, plan: ParallelPlan, gpus_by_host: dict[str, int]) -> dict[str, object]:
-    """A job's effective node set: workers per host (whole workers only), and the plan they run."""
-    hosts = {host: gpus // gpus_per_worker for host, gpus in gpus_by_host.items() if gpus >= gpus_per_worker}
-    return {"plan": plan.value, "hosts": dict(sorted(hosts.items()))}
-
-
 _PLACED_JOBS = (
     select(_A.host_id, func.sum(_A.gpus), *_ASSIGNED_COLUMNS)
     .join(Job.__table__, (_J.tenant_id == _A.tenant_id) & (_J.id == _A.job_id))
-    .where(_A.host_id.in_(bindparam("hosts", expanding=True)), *_EFFECTIVE)
+    .where(_A.host_id.in_(bindparam("hosts", expanding=True)), *EFFECTIVE)
     .group_by(_A.host_id, _J.tenant_id, _J.id)
     .order_by(_A.host_id, _J.tenant_id, _J.id)
 )
@@ -204,7 +155,7 @@ async def _compute(
     for host_id, (generation, group) in sorted(hosts.items()):
         jobs = [
             _assigned(job, workers=gpus // job.gpus_per_worker, epoch=job.placement_epoch,
-                      nodes=len(_placement_hosts(job.placement)), restart=job.restart_mode,
+                      nodes=len(placement_hosts(job.placement)), restart=job.restart_mode,
                       approvals=approvals.get((job.tenant_id, job.id), ()))
             for job, gpus in placed.get(host_id, [])
         ]
@@ -246,7 +197,7 @@ async def _standby_jobs(session: AsyncSession, host_ids: list[str], *, now: date
         if (job.tenant_id, job.id) in on_host or not job.entrypoint:
             continue
         on_host[(job.tenant_id, job.id)] = _assigned(
-            job, workers=workers, epoch=job.placement_epoch + 1, nodes=len(_placement_hosts(job.placement)) + 1,
+            job, workers=workers, epoch=job.placement_epoch + 1, nodes=len(placement_hosts(job.placement)) + 1,
             standby_until=expires_at,
         )
     return {host_id: list(jobs.values()) for host_id, jobs in standby.items()}
@@ -289,41 +240,6 @@ def _assigned_job(
     )
 
 
-async def _renew_epochs(
-    session: AsyncSession, host_ids: set[str], *, now: datetime, restart: RestartMode
-) -> set[str]:
-    """Bump the epoch of every job whose node set or plan changed on `host_ids`; returns every host those jobs use(d).
-
-    Candidates are the jobs with a live allocation on these hosts or one released in this transaction (released at
-    `now`, the timestamp every release path of the caller's transaction uses). A job whose hosts change must be
-    rewritten on *all* its hosts, old and new: each node's rendezvous is sized by the job's node count.
-    """
-    if not host_ids:
-        return set()
-    params: dict[str, object] = {"hosts": list(host_ids), "now": now}
-    # the jobs' columns only: hydrating every job on the hosts as an object was about a quarter of an accept's CPU
-    jobs = (await execute_core(session, _CANDIDATE_JOBS, params)).all()
-    placements = await _placements(session, params)
-    touched: set[str] = set()
-    for tenant_id, job_id, gpus_per_worker, plan, stored in jobs:
-        placement = _placement(gpus_per_worker, plan, placements.get((tenant_id, job_id), {}))
-        if placement == stored:
-            continue
-        # the row is about to change: lock it now and read it afresh (the phase a concurrent progress report may
-        # have moved); the session's object for the job, if it holds one, is the one refreshed and changed
-        job = await session.get(Job, (tenant_id, job_id), with_for_update=True, populate_existing=True)
-        if job is None:
-            continue
-        old_hosts = set(_placement_hosts(job.placement))
-        job.placement = placement
-        job.placement_epoch = job.placement_epoch + 1
-        job.restart_mode = restart
-        advance(job, epoch_event(workers_placed=bool(_placement_hosts(placement)), restart=restart))
-        touched |= old_hosts | set(_placement_hosts(placement))
-    await session.flush()
-    return touched
-
-
 _BUMP_GENERATION = (
     update(cast("Table", Host.__table__))
     .where(_H.id == bindparam("host_id"))
@@ -345,7 +261,7 @@ async def write_host_assignments(
     every host of such a job is rewritten too.
     """
     hosts = set(host_ids)
-    hosts |= await _renew_epochs(session, hosts, now=now, restart=restart)
+    hosts |= await renew_epochs(session, hosts, now=now, restart=restart)
     bumped: dict[str, tuple[int, str]] = {}
     for host_id in sorted(hosts):  # one host at a time, in id order: the same lock order in every transaction
         row = (await execute_core(session, _BUMP_GENERATION, {"host_id": host_id, "now": now})).first()
@@ -359,7 +275,7 @@ async def write_host_assignments(
 
 def placed_hosts(job: Job) -> set[str]:
     """The hosts the job's workers run on now (its stored placement; empty when it runs nowhere)."""
-    return set(_placement_hosts(job.placement))
+    return set(placement_hosts(job.placement))
 
 
 async def job_hosts(session: AsyncSession, *, tenant_id: str, job_id: str) -> set[str]:

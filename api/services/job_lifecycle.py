@@ -25,12 +25,16 @@ import enum
 from collections.abc import Mapping
 from typing import Final
 
+from sqlalchemy import ColumnElement, case, literal
+
 from api.models import Job
 from api.services.errors import ConflictError
 from harmonaize.desired_state import RestartMode
 from harmonaize.jobs import JobPhase
 
-__all__ = ["TRANSITIONS", "InvalidJobTransitionError", "JobEvent", "advance", "epoch_event", "next_phase"]
+__all__ = [
+    "TRANSITIONS", "InvalidJobTransitionError", "JobEvent", "advance", "epoch_event", "next_phase", "phase_after",
+]
 
 
 class JobEvent(enum.StrEnum):
@@ -147,6 +151,22 @@ def advance(job: Job, event: JobEvent) -> JobPhase:
     """Move `job` to the phase `event` leads to (no flush: the caller's transaction), or raise without changing it."""
     job.phase = next_phase(job.phase, event)
     return job.phase
+
+
+def phase_after(event: JobEvent) -> ColumnElement[JobPhase]:
+    """The phase `event` leads to, as SQL over the job row's stored phase: an UPDATE can move it without the row
+    being read first (a new epoch's, which the ledger writes with the rest of the row).
+
+    Only for an event every phase has a transition for (a new epoch's three), since SQL cannot refuse one.
+    """
+    column = Job.__table__.c.phase
+    targets = {phase: TRANSITIONS.get((phase, event)) for phase in JobPhase}
+    missing = [phase.value for phase, target in targets.items() if target is None]
+    if missing:
+        raise ValueError(f"{event.value} has no transition from {missing}: it cannot be applied in SQL")
+    return case(
+        *[(column == phase, literal(target, column.type)) for phase, target in targets.items()], else_=column
+    )
 
 
 def epoch_event(*, workers_placed: bool, restart: RestartMode) -> JobEvent:

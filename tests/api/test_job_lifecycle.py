@@ -10,14 +10,18 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select, update
 
 from api import migrate
+from api.db import make_engine
+from api.models import Job
 from api.services.job_lifecycle import (
     TRANSITIONS,
     InvalidJobTransitionError,
     JobEvent,
     epoch_event,
     next_phase,
+    phase_after,
 )
 from harmonaize.desired_state import RestartMode
 from harmonaize.jobs import JobPhase
@@ -162,3 +166,29 @@ async def test_0006_gives_existing_jobs_the_phase_their_state_implies(empty_sett
     assert sorted(rows) == sorted((job_id, job_id) for job_id, _, _ in jobs)
     await migrate.downgrade_async(empty_settings, "0005")
     assert len(await _execute(empty_settings, "SELECT id FROM jobs")) == len(jobs)
+
+
+@pytest.mark.parametrize("event", [_E.NEW_EPOCH, _E.RELEASED_ALL, _E.LOST_ALL])
+async def test_a_new_epoch_moves_the_phase_in_sql_as_the_table_says(event: JobEvent, empty_settings: Settings) -> None:
+    """`phase_after` (how a new epoch's UPDATE moves the stored phase without reading it) agrees with the table for
+    every phase, on the real database."""
+    await migrate.upgrade_async(empty_settings)
+    statements = [_TENANT_ROW]
+    for phase in JobPhase:
+        statements += [
+            _job_row(phase.value, "8, 64"), f"UPDATE jobs SET phase = '{phase.value}' WHERE id = '{phase.value}'"
+        ]
+    await _execute(empty_settings, *statements)
+    engine = make_engine(empty_settings.resolved_database_url, single_use=True)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(update(Job).values(phase=phase_after(event)))
+            rows = (await connection.execute(select(Job.id, Job.phase))).all()
+    finally:
+        await engine.dispose()
+    assert {job_id: phase for job_id, phase in rows} == {phase.value: next_phase(phase, event) for phase in JobPhase}
+
+
+def test_an_event_some_phase_refuses_cannot_be_applied_in_sql() -> None:
+    with pytest.raises(ValueError, match="give_up has no transition from"):
+        phase_after(_E.GIVE_UP)
