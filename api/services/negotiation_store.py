@@ -23,7 +23,7 @@ from api.models import Job, Negotiation, NegotiationRound
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
-from api.services.outbox import enqueue_tenant_event, insert_tenant_event
+from api.services.outbox import enqueue_tenant_event
 from harmonaize.events import NegotiationUpdate
 from harmonaize.negotiation import NegotiationState, NegotiationTerms, Offer, OfferOption, RoundAction
 from harmonaize.rest import NegotiationPublic, NegotiationSummary, RoundPublic
@@ -187,8 +187,9 @@ async def insert_opened(
     session: AsyncSession, negotiation: Negotiation, *, terms: NegotiationTerms, answer: RoundAction, note: str,
     now: datetime,
 ) -> NegotiationRecord:
-    """Write a negotiation just opened (every column set): its row, its first two steps (the request and the
-    provider's `answer`) and the tenant's event, each by one Core insert, in the order a flush would write them.
+    """Write a negotiation just opened (every column set): its row and its first two steps (the request and the
+    provider's `answer`), each by one Core insert, in the order a flush would write them; the tenant's event is
+    queued in the outbox (written at commit).
     The objects stay out of the session (a flush of them cost about twice the CPU); they are only read to answer."""
     row = {column.key: getattr(negotiation, column.key) for column in _NEGOTIATIONS.c}
     await execute_core(session, insert(_NEGOTIATIONS), row)
@@ -198,8 +199,8 @@ async def insert_opened(
     ])
     await insert_rounds(session, record.rounds)
     update_event = negotiation_update(negotiation, now=now)
-    await insert_tenant_event(session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event,
-                              now=now)
+    enqueue_tenant_event(session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event,
+                         now=now)
     return record
 
 

@@ -5,6 +5,9 @@ decisions whose announcement is lost when the process dies before publishing. In
 next to its other writes; they commit or vanish together, and `outbox_relay` delivers committed rows afterwards
 (at least once: consumers dedup by the message id, and JetStream itself drops retries with the same `Nats-Msg-Id`).
 
+Rows are queued on the session and written together when its transaction commits (`_write_queued`), so a use case
+pays one insert however many messages it announces; a transaction that does not commit writes none.
+
 Two topics: `tenant_event` (a CloudEvent for the tenant's stream, msg id = the CloudEvent id) and `desired_state`
 (a host's full `HostAssignment` for the desired-state KV bucket, keyed by `host_key`).
 """
@@ -14,10 +17,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert
+from sqlalchemy import Table, event, insert
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session, SessionTransaction
 
-from api.db import execute_core
 from api.log_context import current_traceparent
 from api.models import OutboxMessage, OutboxTopic
 from harmonaize.desired_state import HostAssignment, host_key
@@ -48,33 +51,50 @@ def tenant_event_row(*, tenant_id: str, job_id: str, data: EventData, now: datet
     }
 
 
-def enqueue_tenant_event(
-    session: AsyncSession, *, tenant_id: str, job_id: str, data: EventData, now: datetime
-) -> OutboxMessage:
-    """Queue `data` for the tenant (`tenant_event_row`) as an object, written with the session's next flush."""
-    message = OutboxMessage(**tenant_event_row(tenant_id=tenant_id, job_id=job_id, data=data, now=now))
-    session.add(message)
-    return message
+def enqueue_tenant_event(session: AsyncSession, *, tenant_id: str, job_id: str, data: EventData, now: datetime) -> None:
+    """Queue `data` for the tenant (`tenant_event_row`): written with the transaction's other outbox rows at commit."""
+    _queue(session, tenant_event_row(tenant_id=tenant_id, job_id=job_id, data=data, now=now))
 
 
-async def insert_tenant_event(
-    session: AsyncSession, *, tenant_id: str, job_id: str, data: EventData, now: datetime
-) -> None:
-    """`enqueue_tenant_event` by a Core insert, now (after whatever the session had pending, so the outbox's order
-    is still the order of the calls): a hot path's one event without the unit of work's cost at the flush."""
-    row = tenant_event_row(tenant_id=tenant_id, job_id=job_id, data=data, now=now)
-    await execute_core(session, insert(_OUTBOX), row)
-
-
-def enqueue_desired_state(session: AsyncSession, assignment: HostAssignment, *, now: datetime) -> OutboxMessage:
+def enqueue_desired_state(session: AsyncSession, assignment: HostAssignment, *, now: datetime) -> None:
     """Queue a host's complete assignment (level-triggered: the agent converges to it, whatever it saw before)."""
-    message = OutboxMessage(
-        topic=OutboxTopic.DESIRED_STATE,
-        subject=host_key(assignment.host),
-        payload=assignment.model_dump_json().encode(),
-        msg_id=uuid7(),
-        created_at=now,
-        attempts=0,
-    )
-    session.add(message)
-    return message
+    _queue(session, {
+        "topic": OutboxTopic.DESIRED_STATE,
+        "subject": host_key(assignment.host),
+        "payload": assignment.model_dump_json().encode(),
+        "msg_id": uuid7(),
+        "created_at": now,
+        "attempts": 0,
+    })
+
+
+_QUEUED = "hz_outbox_rows"
+"""The `session.info` key of the rows queued in the session's current transaction, in the order they were queued."""
+
+
+def _queue(session: AsyncSession, row: dict[str, Any]) -> None:
+    """Queue `row` in the session's transaction, begun here if nothing has begun it yet (so that its end, whether
+    commit or rollback, is seen by `_write_queued` or `_drop_queued`)."""
+    if not session.in_transaction():
+        session.sync_session.begin()
+    session.info.setdefault(_QUEUED, []).append(row)
+
+
+@event.listens_for(Session, "before_commit")
+def _write_queued(session: Session) -> None:
+    """Write the transaction's queued rows by one Core insert, as its commit begins (inside the transaction).
+
+    One statement for all of them, in the order they were queued (the outbox's ids, which the relay publishes in),
+    instead of an object each that the unit of work inserts one by one to learn its id: an accept queues a desired
+    state per host it touched and the tenant's event, and each object's flush cost more than the whole insert.
+    """
+    rows = session.info.pop(_QUEUED, None)
+    if rows:
+        session.execute(insert(_OUTBOX), rows)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _drop_queued(session: Session, transaction: SessionTransaction) -> None:
+    """A transaction that ends without its commit (rolled back, or its commit failed) takes its queued rows along."""
+    if transaction.parent is None:
+        session.info.pop(_QUEUED, None)
