@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, exists, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db import execute_core
 from api.models_approvals import OPEN_APPROVALS, MaintenanceApprovalRow
 from harmonaize.desired_state import MaintenanceApproval
 
-__all__ = ["APPROVAL_TTL", "MAX_OPEN_APPROVALS", "JobKey", "open_approvals"]
+__all__ = ["ANY_OPEN", "APPROVAL_TTL", "MAX_OPEN_APPROVALS", "JobKey", "open_approvals"]
 
 APPROVAL_TTL = timedelta(minutes=30)
 """How long an accepted approval waits for an outcome before the sweeper records it as failed."""
@@ -35,6 +35,9 @@ _OPEN = (
     .order_by(_A.accepted_at, _A.negotiation_id)
 )
 """Built once, on the table (`api.db.execute_core`): every host assignment written reads it."""
+ANY_OPEN = exists().where(_A.status.in_(OPEN_APPROVALS), _A.accepted_at > bindparam("approvals_since"))
+"""Whether any approval is open (`_OPEN` would find one), as a column for another statement to return: with none
+open, as is usual, a host assignment skips the read (`approvals_since`: now - APPROVAL_TTL)."""
 
 JobKey = tuple[str, str]
 """(tenant, job)."""

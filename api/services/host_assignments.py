@@ -27,13 +27,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Protocol, cast
 
-from sqlalchemy import Table, bindparam, func, or_, select, update
+from sqlalchemy import Table, bindparam, exists, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db import execute_core
 from api.models import Allocation, Host, Job, Negotiation
 from api.models_standby import StandbyNode
-from api.services.approval_commands import open_approvals
+from api.services.approval_commands import ANY_OPEN, APPROVAL_TTL, open_approvals
 from api.services.ledger_lock import lock_ledger
 from api.services.outbox import enqueue_desired_state
 from api.services.placement_epochs import EFFECTIVE, placement_hosts, renew_epochs
@@ -139,18 +139,20 @@ _PLACED_JOBS = (
 
 
 async def _compute(
-    session: AsyncSession, hosts: dict[str, tuple[int, str]], *, now: datetime
+    session: AsyncSession, hosts: dict[str, tuple[int, str]], *, now: datetime, approvals_open: bool,
+    standby_rows: bool,
 ) -> list[HostAssignment]:
-    """The assignments of `hosts` (id -> its generation and group), in id order, read in three statements however
-    many hosts: their jobs, those jobs' open approvals, and the standby nodes on them."""
+    """The assignments of `hosts` (id -> its generation and group), in id order, read in at most three statements
+    however many hosts: their jobs, those jobs' open approvals (only if any is open), and the standby nodes on them
+    (only if a host has any)."""
     rows = await execute_core(session, _PLACED_JOBS, {"hosts": list(hosts), "now": now})
     placed: dict[str, list[tuple[AssignableJob, int]]] = {}
     for row in rows:
         placed.setdefault(row[0], []).append((cast("AssignableJob", row), int(row[1])))
     approvals = await open_approvals(
         session, {(job.tenant_id, job.id) for jobs in placed.values() for job, _ in jobs}, now=now
-    )
-    standby = await _standby_jobs(session, list(hosts), now=now)
+    ) if approvals_open else {}
+    standby = await _standby_jobs(session, list(hosts), now=now) if standby_rows else {}
     assignments = []
     for host_id, (generation, group) in sorted(hosts.items()):
         jobs = [
@@ -244,8 +246,10 @@ _BUMP_GENERATION = (
     update(cast("Table", Host.__table__))
     .where(_H.id == bindparam("host_id"))
     .values(generation=_H.generation + 1, assigned_at=bindparam("now", type_=_H.assigned_at.type))
-    .returning(_H.generation, _H.locality_group)
+    .returning(_H.generation, _H.locality_group, ANY_OPEN, exists().where(_S.host_id == _H.id))
 )
+"""A host's next generation, and whether the assignment has approvals or standby nodes to read: both are rare,
+and returning their existence here spares an accept two statements when there are none."""
 
 
 async def write_host_assignments(
@@ -263,11 +267,16 @@ async def write_host_assignments(
     hosts = set(host_ids)
     hosts |= await renew_epochs(session, hosts, now=now, restart=restart)
     bumped: dict[str, tuple[int, str]] = {}
+    approvals_open = standby_rows = False
+    params = {"now": now, "approvals_since": now - APPROVAL_TTL}
     for host_id in sorted(hosts):  # one host at a time, in id order: the same lock order in every transaction
-        row = (await execute_core(session, _BUMP_GENERATION, {"host_id": host_id, "now": now})).first()
+        row = (await execute_core(session, _BUMP_GENERATION, {**params, "host_id": host_id})).first()
         if row is not None:
             bumped[host_id] = (int(row[0]), str(row[1]))
-    assignments = await _compute(session, bumped, now=now) if bumped else []
+            approvals_open, standby_rows = approvals_open or bool(row[2]), standby_rows or bool(row[3])
+    if not bumped:
+        return []
+    assignments = await _compute(session, bumped, now=now, approvals_open=approvals_open, standby_rows=standby_rows)
     for assignment in assignments:
         enqueue_desired_state(session, assignment, now=now)
     return assignments
