@@ -34,7 +34,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, query_expression
 from sqlalchemy.types import TypeDecorator
 
 from harmonaize.desired_state import RestartMode
@@ -188,6 +188,10 @@ class Job(Base):
     )
     """Where the job stands; changed only through `api.services.job_lifecycle`."""
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    left_hosts_recently: Mapped[bool | None] = query_expression()
+    """Not a column: whether the job moved off a host within the quarantine, where the read that loaded it asked
+    (`models_quarantines.left_recently`), so an offer knows without a statement that none is to be avoided; None
+    where it did not ask."""
 
 
 class Host(Base):

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKeyConstraint, Index, Integer, String
+from sqlalchemy import Exists, ForeignKeyConstraint, Index, Integer, String, bindparam, exists
 from sqlalchemy.orm import Mapped, mapped_column
 
-from api.models import ID_LENGTH, Base, UtcDateTime
+from api.models import ID_LENGTH, Base, Job, UtcDateTime
 
-__all__ = ["JobHostQuarantine"]
+__all__ = ["JobHostQuarantine", "left_recently"]
 
 
 class JobHostQuarantine(Base):
@@ -37,3 +37,13 @@ class JobHostQuarantine(Base):
     host_name: Mapped[str] = mapped_column(String(ID_LENGTH))
     """The tenant's pseudonym of the host (`harmonaize.pseudonyms.host_pseudonym`), as the accepted option named it."""
     left_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+def left_recently() -> Exists:
+    """Whether a job has a row at or after `quarantine_since` (a parameter), for a read of the job to fill in
+    `Job.left_hosts_recently` (`with_expression`): jobs rarely replace hosts, so most offers need no quarantine read."""
+    return exists().where(
+        JobHostQuarantine.tenant_id == Job.tenant_id,
+        JobHostQuarantine.job_id == Job.id,
+        JobHostQuarantine.left_at >= bindparam("quarantine_since"),
+    )

@@ -16,10 +16,12 @@ from typing import Any, cast
 
 from sqlalchemy import Select, Table, bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import with_expression
 from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import execute_core, rows_matched
 from api.models import Job, Negotiation, NegotiationRound
+from api.models_quarantines import left_recently
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
@@ -112,6 +114,7 @@ def _for_change_statement() -> Select[Negotiation, Job, int, NegotiationRound]:
     return (
         select(Negotiation, Job, warm.scalar_subquery(), NegotiationRound)
         .outerjoin(Job, (Job.tenant_id == Negotiation.tenant_id) & (Job.id == Negotiation.job_id))
+        .options(with_expression(Job.left_hosts_recently, left_recently()))
         .outerjoin(NegotiationRound, NegotiationRound.negotiation_id == Negotiation.id)
         .where(Negotiation.id == bindparam("negotiation_id"), Negotiation.tenant_id == bindparam("tenant_id"))
         .order_by(NegotiationRound.seq)
@@ -123,15 +126,18 @@ _FOR_CHANGE = _for_change_statement()
 """Built once: every answer to an offer (accept, counter, reject, cancel) starts with it."""
 
 
-async def load_for_change(session: AsyncSession, *, tenant_id: str, negotiation_id: str) -> Opened:
-    """`load`, with the negotiation's rounds, its job and whether it has warm joiners, all by the same statement.
+async def load_for_change(
+    session: AsyncSession, *, tenant_id: str, negotiation_id: str, quarantine_since: datetime
+) -> Opened:
+    """`load`, with the negotiation's rounds, its job (and whether it left a host since `quarantine_since`) and
+    whether it has warm joiners, all by the same statement.
 
     The rounds stay exact if the caller's change then wins `change_state`: every step is appended with a change of
     the version (`change_state`, `expire`, the maintenance outcomes), so one appended since this read makes the
     version check fail, and nothing is appended to the negotiation after it wins until its transaction ends.
     The same holds for the warm joiners, written only with a new negotiation or a counter.
     """
-    params = {"negotiation_id": negotiation_id, "tenant_id": tenant_id}
+    params = {"negotiation_id": negotiation_id, "tenant_id": tenant_id, "quarantine_since": quarantine_since}
     rows = (await session.execute(_FOR_CHANGE, params)).all()
     if not rows:
         raise NotFoundError(NOT_FOUND)

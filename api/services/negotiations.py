@@ -25,8 +25,10 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import with_expression
 
 from api.models import IdempotencyKey, Job, Negotiation, Tenant
+from api.models_quarantines import left_recently
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
 from api.services.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -58,7 +60,7 @@ from api.services.negotiation_store import (
     public,
 )
 from api.services.standby import stand_by, stand_down
-from api.services.worker_replacement import avoided_hosts, resolve
+from api.services.worker_replacement import QUARANTINE, avoided_hosts, resolve
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
 
@@ -90,16 +92,17 @@ _KEY_AND_JOB = (
     .outerjoin(IdempotencyKey, (IdempotencyKey.tenant_id == Tenant.id) & (IdempotencyKey.key == bindparam("key")))
     .outerjoin(Job, (Job.tenant_id == Tenant.id) & (Job.id == bindparam("job_id")))
     .where(Tenant.id == bindparam("tenant_id"))
+    .options(with_expression(Job.left_hosts_recently, left_recently()))
     .execution_options(populate_existing=True)
 )
-"""Built once (every new request runs it); the parameters are the tenant, its key and the job named."""
+"""Built once (every new request runs it); parameters: the tenant, its key, the job named, the quarantine's start."""
 
 
 async def _key_and_job(
-    session: AsyncSession, *, tenant_id: str, key: str, job_id: str
+    session: AsyncSession, *, tenant_id: str, key: str, job_id: str, at: datetime
 ) -> tuple[IdempotencyKey | None, Job | None]:
     """The tenant's idempotency key row and the job a new request names (None: absent), by one statement."""
-    params = {"tenant_id": tenant_id, "key": key, "job_id": job_id}
+    params = {"tenant_id": tenant_id, "key": key, "job_id": job_id, "quarantine_since": at - QUARANTINE}
     row = (await session.execute(_KEY_AND_JOB, params)).first()
     return (None, None) if row is None else (row[0], row[1])
 
@@ -214,7 +217,7 @@ async def open_negotiation(
     """
     request_fingerprint = idempotency.fingerprint(request.model_dump(mode="json"))
     lookup = {"tenant_id": tenant_id, "key": idempotency_key, "request_fingerprint": request_fingerprint}
-    key_row, job = await _key_and_job(session, tenant_id=tenant_id, key=idempotency_key, job_id=request.job)
+    key_row, job = await _key_and_job(session, tenant_id=tenant_id, key=idempotency_key, job_id=request.job, at=ctx.now)
     stored = idempotency.replay(key_row, request_fingerprint)
     if stored is not None:
         await session.rollback()
@@ -242,7 +245,8 @@ async def _load_open(
 ) -> tuple[Opened, Job]:
     """The negotiation with its rounds and its job (one read: `load_for_change`), if `action` is allowed now; an
     offer found expired is marked so (committed) and refused."""
-    opened = await load_for_change(session, tenant_id=tenant_id, negotiation_id=negotiation_id)
+    since = now - QUARANTINE
+    opened = await load_for_change(session, tenant_id=tenant_id, negotiation_id=negotiation_id, quarantine_since=since)
     negotiation = opened.record.negotiation
     if await expire(session, negotiation, now=now):
         await session.commit()

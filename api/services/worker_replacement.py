@@ -27,6 +27,7 @@ from typing import cast
 
 from sqlalchemy import Table, bindparam, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import execute_core
 from api.models import Allocation, Host, Job
@@ -80,7 +81,9 @@ async def resolve(
 
 async def avoided_hosts(session: AsyncSession, job: Job, *, secret: bytes, now: datetime) -> frozenset[str]:
     """The hosts the job replaced in an accepted negotiation within `QUARANTINE` and that were not reported back up
-    after an outage since (internal ids)."""
+    after an outage since (internal ids). No statement when the read of the job already said it left none."""
+    if job.left_hosts_recently is False:
+        return frozenset()
     left = await _replaced_since(session, now=now, job=job)
     found = left.get((job.tenant_id, job.id))
     if not found:
@@ -136,6 +139,7 @@ async def quarantine(session: AsyncSession, job: Job, names: Sequence[str], *, n
         insert(JobHostQuarantine),
         [{"tenant_id": job.tenant_id, "job_id": job.id, "host_name": name, "left_at": now} for name in names],
     )
+    set_committed_value(job, "left_hosts_recently", True)
 
 
 def _still_avoided(
