@@ -90,10 +90,17 @@ PseudonymSecretDep = Annotated[bytes, Depends(_pseudonym_secret)]
 BrokerDep = Annotated[TenantBroker, Depends(_broker)]
 
 
-async def _bearer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
     if credentials is None or not credentials.credentials:
         raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)", headers=_CHALLENGE)
     return credentials.credentials
+
+
+async def _bearer_token(credentials: Credentials) -> str:
+    return _token(credentials)
 
 
 BearerToken = Annotated[str, Depends(_bearer_token)]
@@ -106,8 +113,12 @@ def is_admin_token(token: str, settings: Settings) -> bool:
     return hmac.compare_digest(token.encode(), settings.admin_token.get_secret_value().encode())
 
 
-async def current_tenant(token: BearerToken, session: SessionDep, settings: SettingsDep) -> TokenHolder:
-    """The active tenant the token belongs to; every tenant route reads and writes through its id."""
+async def current_tenant(request: Request, credentials: Credentials, session: SessionDep) -> TokenHolder:
+    """The active tenant the token belongs to; every tenant route reads and writes through its id.
+
+    Reads the token and the settings itself rather than through `BearerToken` and `SettingsDep`: every tenant
+    request solves this, and solving dependencies is a sizeable part of FastAPI's own work per request."""
+    token, settings = _token(credentials), request.app.state.settings
     if is_admin_token(token, settings):
         raise HTTPException(403, "this route is for tenants: use a tenant's API token, not the admin token")
     tenant = await authenticate(session, token)

@@ -44,7 +44,21 @@ class NegotiationRecord:
 
 
 def offer_of(negotiation: Negotiation) -> Offer | None:
-    return None if negotiation.offer is None else Offer.model_validate(negotiation.offer)
+    """The negotiation's current offer, parsed once per stored value: one request reads it for the step, the
+    event, the warm joiners and the answer, and validating it each time was most of what those reads cost. The
+    column is replaced, never changed in place, so the stored dict's identity says whether the parse is current."""
+    raw = negotiation.offer
+    if raw is None:
+        return None
+    parsed: tuple[object, Offer] | None = getattr(negotiation, _PARSED_OFFER, None)
+    if parsed is None or parsed[0] is not raw:
+        parsed = (raw, Offer.model_validate(raw))
+        setattr(negotiation, _PARSED_OFFER, parsed)
+    return parsed[1]
+
+
+_PARSED_OFFER = "_hz_parsed_offer"
+"""A plain attribute of the row's object (not mapped: the ORM ignores it) holding (stored dict, parsed offer)."""
 
 
 def accepted_option_of(negotiation: Negotiation) -> OfferOption | None:
