@@ -9,12 +9,13 @@ for the tenant in the outbox, in the same transaction.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, bindparam, delete, func, insert, select, update
+from sqlalchemy import Select, Table, Update, bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import with_expression
 from sqlalchemy.orm.attributes import set_committed_value
@@ -264,24 +265,38 @@ async def change_state(
     """
     target = values.pop("state", None) or next_status(negotiation.state, action)
     assert isinstance(target, NegotiationState), f"{target} is not a stored state"
-    columns = _NEGOTIATIONS.c  # a Core update (`api.db.execute_core`): every answer to an offer runs one
-    result = await execute_core(
-        session,
-        update(_NEGOTIATIONS)
-        .where(
-            columns.id == negotiation.id,
-            columns.tenant_id == negotiation.tenant_id,
-            columns.state == negotiation.state,
-            columns.version == negotiation.version,
-        )
-        .values(state=target, version=columns.version + 1, updated_at=now, **values),
-    )
+    params = {f"new_{name}": value for name, value in values.items()}
+    params.update(old_id=negotiation.id, old_tenant=negotiation.tenant_id, old_state=negotiation.state,
+                  old_version=negotiation.version, new_state=target, new_updated_at=now)
+    result = await execute_core(session, _change_statement(tuple(sorted(values))), params)
     if rows_matched(result) != 1:
         current = await session.scalar(select(Negotiation.state).where(Negotiation.id == negotiation.id))
         raise InvalidTransitionError(current or negotiation.state, action)
     for name, value in {"state": target, "version": negotiation.version + 1, "updated_at": now, **values}.items():
         set_committed_value(negotiation, name, value)
     return target
+
+
+@functools.cache
+def _change_statement(names: tuple[str, ...]) -> Update:
+    """`change_state`'s guarded UPDATE setting `names` besides the state, version and time, built once per set of
+    names (a handful) on the table, with parameters: every answer to an offer runs one (`api.db.execute_core`)."""
+    columns = _NEGOTIATIONS.c
+    return (
+        update(_NEGOTIATIONS)
+        .where(
+            columns.id == bindparam("old_id"),
+            columns.tenant_id == bindparam("old_tenant"),
+            columns.state == bindparam("old_state", type_=columns.state.type),
+            columns.version == bindparam("old_version"),
+        )
+        .values(
+            state=bindparam("new_state", type_=columns.state.type),
+            version=columns.version + 1,
+            updated_at=bindparam("new_updated_at", type_=columns.updated_at.type),
+            **{name: bindparam(f"new_{name}", type_=columns[name].type) for name in names},
+        )
+    )
 
 
 def negotiation_update(negotiation: Negotiation, *, now: datetime) -> NegotiationUpdate:
