@@ -53,8 +53,10 @@ _LIMITED: dict[ModuleType, _RouterExtras] = {
 def build_router() -> APIRouter:
     """All /v1 routes (a fresh router per app, so apps built in one process share no state)."""
     router = APIRouter(prefix="/v1", responses=_ERRORS, dependencies=[Depends(bind_path_ids)])
+    # the hot path first: a request is matched against each module's routes in this order, and the negotiations
+    # (whose paths no other module shares) are most of the load
     modules = (
-        health, tenants, jobs, hosts, allocations, capacity, event_consumers, negotiations, maintenance_approvals,
+        negotiations, health, tenants, jobs, hosts, allocations, capacity, event_consumers, maintenance_approvals,
         job_runs, metrics, fleet, event_stream,
     )
     for module in modules:
