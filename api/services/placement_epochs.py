@@ -12,7 +12,7 @@ placement read here is current; the phase, which progress reports move without t
 from __future__ import annotations
 
 from datetime import datetime
-from typing import cast
+from typing import NamedTuple, cast
 
 from sqlalchemy import ColumnElement, Table, Update, and_, bindparam, func, or_, select, union, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -50,7 +50,7 @@ _CANDIDATES = union(
         _A.host_id.in_(bindparam("hosts", expanding=True)), _A.released_at >= bindparam("now")
     ),
 )
-"""`_renew_epochs`' candidates: the jobs with a live allocation on `hosts` or one released at `now` or later. Two
+"""`renew_epochs`' candidates: the jobs with a live allocation on `hosts` or one released at `now` or later. Two
 selects rather than one with OR: each is a seek on (host_id, released_at), where the OR made SQLite walk every
 allocation the hosts ever had."""
 _CANDIDATES_SUBQUERY = _CANDIDATES.subquery("candidates")
@@ -70,17 +70,26 @@ nowhere now. Joined from the candidates, so each job's allocations are reached b
 time): a row-value `IN (subquery)` made SQLite scan the whole table."""
 
 
-async def _candidate_placements(
-    session: AsyncSession, params: dict[str, object]
-) -> list[tuple[str, str, int, ParallelPlan, dict[str, object] | None, dict[str, int]]]:
-    """The candidate jobs (tenant, id, GPUs per worker, plan, stored placement) with their GPUs per host now."""
-    jobs: dict[tuple[str, str], tuple[str, str, int, ParallelPlan, dict[str, object] | None, dict[str, int]]] = {}
+class _Candidate(NamedTuple):
+    """A candidate job: its stored placement and what it needs to compute the effective one."""
+
+    tenant_id: str
+    job_id: str
+    gpus_per_worker: int
+    plan: ParallelPlan
+    stored: dict[str, object] | None
+    gpus_by_host: dict[str, int]
+
+
+async def _candidates(session: AsyncSession, params: dict[str, object]) -> list[_Candidate]:
+    """The candidate jobs with their GPUs per host now (one statement: `_CANDIDATE_PLACEMENTS`)."""
+    jobs: dict[tuple[str, str], _Candidate] = {}
     for tenant_id, job_id, gpus_per_worker, plan, stored, host_id, gpus in await execute_core(
         session, _CANDIDATE_PLACEMENTS, params
     ):
-        entry = jobs.setdefault((tenant_id, job_id), (tenant_id, job_id, gpus_per_worker, plan, stored, {}))
+        job = jobs.setdefault((tenant_id, job_id), _Candidate(tenant_id, job_id, gpus_per_worker, plan, stored, {}))
         if host_id is not None:
-            entry[5][host_id] = int(gpus)
+            job.gpus_by_host[host_id] = int(gpus)
     return list(jobs.values())
 
 
@@ -105,7 +114,7 @@ async def renew_epochs(
     # the jobs' columns only: hydrating every job on the hosts as an object was about a quarter of an accept's CPU,
     # and a changed one is written by one UPDATE rather than read again, locked, and flushed
     touched: set[str] = set()
-    for tenant_id, job_id, gpus_per_worker, plan, stored, gpus_by_host in await _candidate_placements(session, params):
+    for tenant_id, job_id, gpus_per_worker, plan, stored, gpus_by_host in await _candidates(session, params):
         placement = _placement(gpus_per_worker, plan, gpus_by_host)
         if placement == stored:
             continue

@@ -5,6 +5,7 @@ Databases:
 - `migrated_settings`: a database at the Alembic head with empty tables, parametrised over SQLite and PostgreSQL.
   Migrating once per session is much cheaper than per test: SQLite copies a migrated file (sqlite3 backup API);
   PostgreSQL truncates the tables of one migrated database (CREATE DATABASE from a migrated template costs ~0.4 s).
+- `engine`: an engine as the app makes it, on `migrated_settings`, for tests below the HTTP layer.
 PostgreSQL comes from HZ_TEST_POSTGRES_URL (default: postgres@127.0.0.1:5432, trust auth). Unreachable: the
 PostgreSQL variants are skipped, saying so; with CI set they fail instead, because CI always provides one.
 
@@ -32,6 +33,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import text
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api import migrate
 from api.app import create_app
@@ -179,6 +181,16 @@ async def migrated_settings(backend: str, request: pytest.FixtureRequest, tmp_pa
     settings: Settings = request.getfixturevalue("postgres_migrated")
     await _empty_all_tables(settings)
     return settings
+
+
+@pytest.fixture
+async def engine(migrated_settings: Settings) -> AsyncIterator[AsyncEngine]:
+    """An engine of the app's kind (`api.db.make_engine`) on `migrated_settings`, disposed after the test."""
+    engine = make_engine(migrated_settings.resolved_database_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api import sqlite_driver
-from api.db import execute_core, make_engine, make_sessionmaker, rows_matched
+from api.db import execute_core, make_sessionmaker, rows_matched
 from api.models import Host, utcnow
 from harmonaize.settings import Settings
 
@@ -32,15 +31,6 @@ from harmonaize.settings import Settings
 def backend() -> str:
     """SQLite only: the driver is SQLite's (`execute_core` runs on PostgreSQL in every negotiation test)."""
     return "sqlite"
-
-
-@pytest.fixture
-async def engine(migrated_settings: Settings) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(migrated_settings.resolved_database_url)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 async def test_the_apps_sqlite_connections_use_the_buffered_cursor(engine: AsyncEngine) -> None:

@@ -8,7 +8,6 @@ inherit the queue.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,23 +15,13 @@ import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from api.db import make_engine, make_sessionmaker
+from api.db import make_sessionmaker
 from api.models import OutboxMessage, OutboxTopic
 from api.services.outbox import enqueue_desired_state, enqueue_tenant_event
 from harmonaize.desired_state import HostAssignment
 from harmonaize.events.carbon import CarbonIntensity
-from harmonaize.settings import Settings
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-async def engine(migrated_settings: Settings) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(migrated_settings.resolved_database_url)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 @pytest.fixture
