@@ -9,10 +9,10 @@ transaction as the effect, so "done" and "remembered" cannot disagree. Later req
 * other body -> refused (422): the key was reused for a different request, which is a client bug.
 
 Two concurrent first requests are settled by the primary key: the key's row is inserted, response included, as
-the work's last statement before its commit (one statement, no separate claim and update), so on PostgreSQL the
-second insert waits for the first transaction and then fails (on SQLite the second request's lookup already finds
-the first's row: one writer at a time); the loser rolls all of its work back and replays the winner's response, so
-only one effect is ever committed. Failed requests store nothing, so a retry after an error executes again.
+the work's commit begins (with its other queued rows, `api.commit_inserts`; no separate claim and update), so on
+PostgreSQL the second insert waits for the first transaction and then fails (on SQLite the second request's lookup
+already finds the first's row: one writer at a time); the loser rolls all of its work back and replays the winner's
+response, so only one effect is ever committed. Failed requests store nothing, so a retry after an error executes again.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert
+from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.db import execute_core
+from api.commit_inserts import queue_insert
 from api.models import IdempotencyKey
 from api.services.errors import InvalidRequestError
 
@@ -69,13 +69,13 @@ def replay(row: IdempotencyKey | None, request_fingerprint: str) -> StoredRespon
     return StoredResponse(status=row.response_status, body=row.response_body)
 
 
-async def claim(
+def claim(
     session: AsyncSession, *, tenant_id: str, key: str, request_fingerprint: str, response: StoredResponse,
     now: datetime,
 ) -> None:
-    """Insert the key with its response, in the transaction of the work (by a Core insert: no object to flush).
+    """Queue the key with its response for the commit of the work's transaction (`api.commit_inserts`).
 
-    The insert raises IntegrityError if another request committed the key meanwhile (on PostgreSQL, if one holds it
+    The commit raises IntegrityError if another request committed the key meanwhile (on PostgreSQL, if one holds it
     uncommitted, once that one commits): the caller then rolls everything back and replays the stored response.
     """
     row = {
@@ -86,4 +86,4 @@ async def claim(
         "response_body": response.body,
         "created_at": now,
     }
-    await execute_core(session, insert(_KEYS), row)
+    queue_insert(session, _KEYS, row)

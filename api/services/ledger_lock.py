@@ -3,8 +3,12 @@
 Correctness never depends on this lock: every grant is a conditional UPDATE whose rowcount is checked, backed by
 CHECK constraints. The lock prevents deadlocks. A negotiated change touches a negotiation, a job and several hosts,
 in an order set by placement preferences; two such transactions locking the same hosts in different orders would
-deadlock, and PostgreSQL would abort one after a second. Taking a transaction-scoped advisory lock first orders them.
-Ledger changes are rare control-plane operations, so serialising them costs nothing that matters.
+deadlock, and PostgreSQL would abort one after a second. Taking a transaction-scoped advisory lock before the first
+host or job row orders them. Before it, a transaction may write only rows that no holder of the lock writes on
+another's behalf: its own negotiation (a counter or a reject changes it first, and takes the lock only if it then
+rewrites hosts for warm joiners) and that negotiation's warm joiners. An accept takes it first: the job it read
+must not change before its ledger work. Held until the transaction ends, so the shorter the work after it, the more
+changes per second (`bench/bench_negotiations.py`).
 """
 
 from __future__ import annotations

@@ -10,18 +10,18 @@ for the tenant in the outbox, in the same transaction.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, Update, bindparam, delete, func, insert, select, update
+from sqlalchemy import Select, Table, Update, bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import with_expression
 from sqlalchemy.orm.attributes import set_committed_value
 
+from api.commit_inserts import queue_insert, write_queued
 from api.db import execute_core, rows_matched
-from api.models import Job, Negotiation, NegotiationRound
+from api.models import IdempotencyKey, Job, Negotiation, NegotiationRound, Tenant
 from api.models_quarantines import left_recently
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
@@ -161,6 +161,28 @@ async def load_for_change(
     return Opened(NegotiationRecord(negotiation=negotiation, rounds=rounds), job=job, warm=bool(warm_rows))
 
 
+_FOR_OPEN = (
+    select(IdempotencyKey, Job)
+    .select_from(Tenant)
+    .outerjoin(IdempotencyKey, (IdempotencyKey.tenant_id == Tenant.id) & (IdempotencyKey.key == bindparam("key")))
+    .outerjoin(Job, (Job.tenant_id == Tenant.id) & (Job.id == bindparam("job_id")))
+    .where(Tenant.id == bindparam("tenant_id"))
+    .options(with_expression(Job.left_hosts_recently, left_recently()))
+    .execution_options(populate_existing=True)
+)
+"""Built once (every new request runs it); parameters: the tenant, its key, the job named, the quarantine's start."""
+
+
+async def load_for_open(
+    session: AsyncSession, *, tenant_id: str, key: str, job_id: str, quarantine_since: datetime
+) -> tuple[IdempotencyKey | None, Job | None]:
+    """The tenant's idempotency key row and the job a new request names (None: absent; the job with whether it
+    left a host since `quarantine_since`), by one statement."""
+    params = {"tenant_id": tenant_id, "key": key, "job_id": job_id, "quarantine_since": quarantine_since}
+    row = (await session.execute(_FOR_OPEN, params)).first()
+    return (None, None) if row is None else (row[0], row[1])
+
+
 async def load_record(session: AsyncSession, negotiation: Negotiation) -> NegotiationRecord:
     rounds = await session.scalars(
         select(NegotiationRound)
@@ -197,28 +219,27 @@ def new_round(
     )
 
 
-async def insert_rounds(session: AsyncSession, steps: Sequence[NegotiationRound]) -> None:
-    """Write `steps` (from `new_round`) by one Core insert, now; the objects stay out of the session (a negotiation
-    being opened writes its first two steps so: the unit of work's flush of them cost more than the statement)."""
-    rows = [{column.key: getattr(step, column.key) for column in _ROUNDS.c} for step in steps]
-    await execute_core(session, insert(_ROUNDS), rows)
+def _queue_round(session: AsyncSession, step: NegotiationRound) -> None:
+    """Queue `step` (from `new_round`) for the commit (`api.commit_inserts`); the object stays out of the session
+    (the unit of work's flush of it cost more than the statement), and is only read to answer."""
+    queue_insert(session, _ROUNDS, {column.key: getattr(step, column.key) for column in _ROUNDS.c})
 
 
-async def insert_opened(
+def queue_opened(
     session: AsyncSession, negotiation: Negotiation, *, terms: NegotiationTerms, answer: RoundAction, note: str,
     now: datetime,
 ) -> NegotiationRecord:
-    """Write a negotiation just opened (every column set): its row and its first two steps (the request and the
-    provider's `answer`), each by one Core insert, in the order a flush would write them; the tenant's event is
-    queued in the outbox (written at commit).
+    """Queue a negotiation just opened (every column set) for the commit: its row, its first two steps (the request
+    and the provider's `answer`) and the tenant's event, in the order a flush would write them
+    (`api.commit_inserts`; `write_queued` before anything reads them or refers to the row).
     The objects stay out of the session (a flush of them cost about twice the CPU); they are only read to answer."""
-    row = {column.key: getattr(negotiation, column.key) for column in _NEGOTIATIONS.c}
-    await execute_core(session, insert(_NEGOTIATIONS), row)
+    queue_insert(session, _NEGOTIATIONS, {column.key: getattr(negotiation, column.key) for column in _NEGOTIATIONS.c})
     record = NegotiationRecord(negotiation=negotiation, rounds=[
         new_round(negotiation, RoundAction.REQUEST, seq=1, at=now, terms=terms),
         new_round(negotiation, answer, seq=2, at=now, offer=offer_of(negotiation), note=note),
     ])
-    await insert_rounds(session, record.rounds)
+    for step in record.rounds:
+        _queue_round(session, step)
     update_event = negotiation_update(negotiation, now=now)
     enqueue_tenant_event(session, tenant_id=negotiation.tenant_id, job_id=negotiation.job_id, data=update_event,
                          now=now)
@@ -240,18 +261,20 @@ async def append_round(
     """Record one step (the round number is the negotiation's current one).
 
     `seq`: the step's position when the caller knows it; then neither the `max(seq)` read nor a flush of its own is
-    needed, and the step is written with the rest of the transaction.
+    needed, and the step is queued for the commit (`api.commit_inserts`).
     """
-    flush = seq is None
-    if seq is None:
-        last = await session.scalar(
-            select(func.max(NegotiationRound.seq)).where(NegotiationRound.negotiation_id == negotiation.id)
-        )
-        seq = int(last or 0) + 1
-    step = new_round(negotiation, action, seq=seq, at=at, terms=terms, offer=offer, option=option, note=note)
+    if seq is not None:
+        step = new_round(negotiation, action, seq=seq, at=at, terms=terms, offer=offer, option=option, note=note)
+        _queue_round(session, step)
+        return step
+    await write_queued(session)  # the steps this transaction queued count too
+    last = await session.scalar(
+        select(func.max(NegotiationRound.seq)).where(NegotiationRound.negotiation_id == negotiation.id)
+    )
+    step = new_round(negotiation, action, seq=int(last or 0) + 1, at=at, terms=terms, offer=offer, option=option,
+                     note=note)
     session.add(step)
-    if flush:
-        await session.flush()
+    await session.flush()
     return step
 
 

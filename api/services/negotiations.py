@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import with_expression
 
-from api.models import IdempotencyKey, Job, Negotiation, Tenant
-from api.models_quarantines import left_recently
+from api.commit_inserts import write_queued
+from api.models import Job, Negotiation
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
 from api.services.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -54,10 +53,11 @@ from api.services.negotiation_store import (
     append_round,
     change_state,
     expire,
-    insert_opened,
     load_for_change,
+    load_for_open,
     offer_of,
     public,
+    queue_opened,
 )
 from api.services.standby import stand_by, stand_down
 from api.services.worker_replacement import QUARANTINE, avoided_hosts, resolve
@@ -84,27 +84,6 @@ class NegotiationContext:
 def _free_capacity(hosts: HostSnapshot, *, exclude: Collection[str] = ()) -> FreeCapacity:
     """Free GPUs per healthy host (in id order), leaving out the hosts in `exclude`."""
     return FreeCapacity(hosts=tuple((group, gpus) for host, group, gpus in hosts.rooms if host not in exclude))
-
-
-_KEY_AND_JOB = (
-    select(IdempotencyKey, Job)
-    .select_from(Tenant)
-    .outerjoin(IdempotencyKey, (IdempotencyKey.tenant_id == Tenant.id) & (IdempotencyKey.key == bindparam("key")))
-    .outerjoin(Job, (Job.tenant_id == Tenant.id) & (Job.id == bindparam("job_id")))
-    .where(Tenant.id == bindparam("tenant_id"))
-    .options(with_expression(Job.left_hosts_recently, left_recently()))
-    .execution_options(populate_existing=True)
-)
-"""Built once (every new request runs it); parameters: the tenant, its key, the job named, the quarantine's start."""
-
-
-async def _key_and_job(
-    session: AsyncSession, *, tenant_id: str, key: str, job_id: str, at: datetime
-) -> tuple[IdempotencyKey | None, Job | None]:
-    """The tenant's idempotency key row and the job a new request names (None: absent), by one statement."""
-    params = {"tenant_id": tenant_id, "key": key, "job_id": job_id, "quarantine_since": at - QUARANTINE}
-    row = (await session.execute(_KEY_AND_JOB, params)).first()
-    return (None, None) if row is None else (row[0], row[1])
 
 
 async def _answer(
@@ -184,26 +163,29 @@ async def _open(
     negotiation.state = state
     for name, value in values.items():
         setattr(negotiation, name, value)
-    record = await insert_opened(
+    record = queue_opened(
         session, negotiation, terms=request.terms, answer=_answer_action(state), note=note, now=ctx.now
     )
-    await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, locked=False)
+    await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, queued=True)
     return record
 
 
 async def _warm_joiners(
     session: AsyncSession, negotiation: Negotiation, job: Job, ctx: NegotiationContext, *, avoided: frozenset[str],
-    hosts: HostSnapshot, locked: bool, dropped: Collection[str] = (),
+    hosts: HostSnapshot, dropped: Collection[str] = (), queued: bool = False,
 ) -> None:
     """Start the joiners of the offer now made (if it grows the job) and stop those of the one it replaces
     (`dropped`): their hosts' assignments are rewritten in this transaction (`api.services.standby`), under the
-    ledger lock, as the accept writes them (taken here unless `locked`: the caller holds it)."""
+    ledger lock, taken here, only then: whatever the caller read before is a hint (an offer, a guess at its
+    joiners), never a grant. `queued`: the negotiation's row is still queued (`queue_opened`); it is written first,
+    since the joiners' rows refer to it."""
     warmed = await stand_by(
         session, negotiation, job, now=ctx.now, secret=ctx.pseudonym_secret, avoid=avoided, snapshot=hosts
     )
     if warmed or dropped:
-        if not locked:
-            await lock_ledger(session)
+        if queued:
+            await write_queued(session)
+        await lock_ledger(session)
         await write_host_assignments(session, warmed | set(dropped), now=ctx.now)
 
 
@@ -217,7 +199,9 @@ async def open_negotiation(
     """
     request_fingerprint = idempotency.fingerprint(request.model_dump(mode="json"))
     lookup = {"tenant_id": tenant_id, "key": idempotency_key, "request_fingerprint": request_fingerprint}
-    key_row, job = await _key_and_job(session, tenant_id=tenant_id, key=idempotency_key, job_id=request.job, at=ctx.now)
+    key_row, job = await load_for_open(
+        session, tenant_id=tenant_id, key=idempotency_key, job_id=request.job, quarantine_since=ctx.now - QUARANTINE
+    )
     stored = idempotency.replay(key_row, request_fingerprint)
     if stored is not None:
         await session.rollback()
@@ -225,7 +209,7 @@ async def open_negotiation(
     try:
         record = await _open(session, tenant_id=tenant_id, request=request, job=job, ctx=ctx)
         response = StoredResponse(status=201, body=public(record).model_dump(mode="json"))
-        await idempotency.claim(session, **lookup, response=response, now=ctx.now)
+        idempotency.claim(session, **lookup, response=response, now=ctx.now)
         await session.commit()  # the key, its response and the negotiation: one commit
         return response
     except IntegrityError:
@@ -271,7 +255,6 @@ async def counter(
 ) -> NegotiationRecord:
     """The tenant's new terms; the provider answers in a new round (offered again, or declined)."""
     try:
-        await lock_ledger(session)  # first: the answer may rewrite host assignments (warm joiners)
         opened, job = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.COUNTER, now=ctx.now
         )
@@ -289,7 +272,7 @@ async def counter(
         await _append(session, record, RoundAction.COUNTER, at=ctx.now, terms=terms)
         await _record_answer(session, record, state, note, ctx.now)
         dropped = await _stand_down(session, opened)
-        await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, locked=True, dropped=dropped)
+        await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, dropped=dropped)
         return await _finish(session, record)
     except BaseException:
         await session.rollback()
@@ -300,7 +283,6 @@ async def _close(
     session: AsyncSession, *, tenant_id: str, negotiation_id: str, action: RoundAction, note: str | None, now: datetime
 ) -> NegotiationRecord:
     try:
-        await lock_ledger(session)  # first: the warm joiners' hosts are rewritten
         opened, _job = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=action, now=now
         )
@@ -309,7 +291,8 @@ async def _close(
         await _append(session, record, action, at=now, note=note)
         announce(session, negotiation, now=now)
         standby_hosts = await _stand_down(session, opened)
-        if standby_hosts:
+        if standby_hosts:  # their warm joiners stop: the hosts are rewritten, under the ledger lock
+            await lock_ledger(session)
             await write_host_assignments(session, standby_hosts, now=now)
         return await _finish(session, record)
     except BaseException:

@@ -5,8 +5,9 @@ decisions whose announcement is lost when the process dies before publishing. In
 next to its other writes; they commit or vanish together, and `outbox_relay` delivers committed rows afterwards
 (at least once: consumers dedup by the message id, and JetStream itself drops retries with the same `Nats-Msg-Id`).
 
-Rows are queued on the session and written together when its transaction commits (`_write_queued`), so a use case
-pays one insert however many messages it announces; a transaction that does not commit writes none.
+Rows are queued on the session and written with the transaction's other queued rows as it commits
+(`api.commit_inserts`), so a use case pays no statement of its own however many messages it announces; a
+transaction that does not commit writes none.
 
 Two topics: `tenant_event` (a CloudEvent for the tenant's stream, msg id = the CloudEvent id) and `desired_state`
 (a host's full `HostAssignment` for the desired-state KV bucket, keyed by `host_key`).
@@ -17,10 +18,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, event, insert
+from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session, SessionTransaction
 
+from api.commit_inserts import queue_insert
 from api.log_context import current_traceparent
 from api.models import OutboxMessage, OutboxTopic
 from harmonaize.desired_state import HostAssignment, host_key
@@ -68,33 +69,5 @@ def enqueue_desired_state(session: AsyncSession, assignment: HostAssignment, *, 
     })
 
 
-_QUEUED = "hz_outbox_rows"
-"""The `session.info` key of the rows queued in the session's current transaction, in the order they were queued."""
-
-
 def _queue(session: AsyncSession, row: dict[str, Any]) -> None:
-    """Queue `row` in the session's transaction, begun here if nothing has begun it yet (so that its end, whether
-    commit or rollback, is seen by `_write_queued` or `_drop_queued`)."""
-    if not session.in_transaction():
-        session.sync_session.begin()
-    session.info.setdefault(_QUEUED, []).append(row)
-
-
-@event.listens_for(Session, "before_commit")
-def _write_queued(session: Session) -> None:
-    """Write the transaction's queued rows by one Core insert, as its commit begins (inside the transaction).
-
-    One statement for all of them, in the order they were queued (the outbox's ids, which the relay publishes in),
-    instead of an object each that the unit of work inserts one by one to learn its id: an accept queues a desired
-    state per host it touched and the tenant's event, and each object's flush cost more than the whole insert.
-    """
-    rows = session.info.pop(_QUEUED, None)
-    if rows:
-        session.execute(insert(_OUTBOX), rows)
-
-
-@event.listens_for(Session, "after_transaction_end")
-def _drop_queued(session: Session, transaction: SessionTransaction) -> None:
-    """A transaction that ends without its commit (rolled back, or its commit failed) takes its queued rows along."""
-    if transaction.parent is None:
-        session.info.pop(_QUEUED, None)
+    queue_insert(session, _OUTBOX, row)
