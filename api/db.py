@@ -15,7 +15,9 @@ SQLite is configured for one process serving concurrent requests:
   thread (`api.sqlite_driver`): a hand-off there costs more CPU than the statements themselves.
 
 PostgreSQL (`postgresql+asyncpg://...` in HZ_DATABASE_URL) gets an ordinary connection pool, whose connections are
-pinged before use, so one that died with a database restart is replaced instead of failing a request.
+pinged before use, so one that died with a database restart is replaced instead of failing a request. The ping is
+one `SELECT 1` (`ping_postgresql`): SQLAlchemy's own for asyncpg wraps its query in BEGIN and ROLLBACK, three round
+trips before every request's first statement.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from sqlalchemy.engine import URL, CursorResult, Result, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import NullPool
+from sqlalchemy.util import await_
 
 from api import sqlite_driver
 
@@ -90,7 +93,27 @@ def make_engine(url: str | URL, *, single_use: bool = False, foreign_keys: bool 
         return engine
     if not single_use:
         options.update(pool_size=POSTGRES_POOL_SIZE, max_overflow=0, pool_pre_ping=True)
-    return create_async_engine(parsed, **options)
+    engine = create_async_engine(parsed, **options)
+    if parsed.get_driver_name() == "asyncpg":
+        engine.sync_engine.dialect.do_ping = ping_postgresql  # type: ignore[method-assign]
+    return engine
+
+
+def ping_postgresql(dbapi_connection: Any) -> bool:
+    """The pool's pre-ping for asyncpg: `SELECT 1` over the simple protocol, one round trip.
+
+    False (the connection is unusable) on any error: the pool then discards it and the connections older than it,
+    and connects afresh, which is what a database restart calls for. SQLAlchemy's ping wraps the query in a
+    transaction for PgBouncer's transaction pooling, where a statement prepared outside one may reach another
+    server connection; a query over the simple protocol prepares nothing. (Not the empty query, as SQLAlchemy's:
+    asyncpg 0.32 fails to read the server's answer to it over the simple protocol.)
+    """
+    try:
+        await_(dbapi_connection.driver_connection.execute("SELECT 1"))
+    except Exception:  # noqa: BLE001 -- any failure means: do not hand this connection out
+        _log.info("a pooled PostgreSQL connection failed its ping; reconnecting", exc_info=True)
+        return False
+    return True
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

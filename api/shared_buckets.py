@@ -16,6 +16,8 @@ from sqlalchemy import Float, bindparam, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from api.db import ping_postgresql
+
 __all__ = ["POOL_SIZE", "SharedBuckets"]
 
 POOL_SIZE = 4
@@ -39,6 +41,7 @@ class SharedBuckets:
         self._engine = create_async_engine(
             url, pool_size=POOL_SIZE, max_overflow=0, pool_pre_ping=True, isolation_level="AUTOCOMMIT"
         )
+        self._engine.sync_engine.dialect.do_ping = ping_postgresql  # type: ignore[method-assign]
 
     async def take(self, key: str, *, rate_per_s: float, burst: int) -> float:
         """Take one token of `key`'s bucket: 0.0 when granted, otherwise the seconds until a token will be there."""
