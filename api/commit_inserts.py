@@ -5,13 +5,17 @@ event; an accept writes a round, the tenant's event and a desired state per host
 before the commit, so they need not be written one statement at a time while the transaction runs: queued here,
 they are written by as few statements as the database allows, at the end.
 
-Each table's rows are one multi-row insert, in queued order (the outbox's ids, which the relay publishes in, follow
-it); the tables go in the order of their foreign keys (a negotiation before its rounds), as the unit of work's
-flush would write them.
-- PostgreSQL: one statement, whatever the tables: all but the last table's insert go in data-modifying CTEs
-  (`WITH w0 AS (INSERT ...) INSERT ...`), whose foreign keys are checked when the statement ends.
-- SQLite: one statement per table (it has no data-modifying CTEs; its statements run on the caller's thread,
-  `api.sqlite_driver`, so each costs only SQLAlchemy's own work).
+The tables go in the order of their foreign keys (a negotiation before its rounds), as the unit of work's flush
+would write them.
+- SQLite: one executemany insert per table (it has no data-modifying CTEs; its statements run on the caller's
+  thread, `api.sqlite_driver`, so each costs only SQLAlchemy's own work).
+- PostgreSQL: one statement for every row of a table whose keys the rows carry (negotiations, rounds, idempotency
+  keys): a one-row insert each, all but one in data-modifying CTEs (`WITH w0 AS (INSERT ...) INSERT ...`), whose
+  foreign keys are checked when the statement ends. One-row inserts, since SQLAlchemy caches the compiled form of
+  those and compiles a multi-row VALUES afresh each time, which cost more CPU than the round trips saved. A table
+  whose keys the database generates (the outbox) keeps its rows in one executemany insert after that statement,
+  so its ids follow the queued order, which the relay publishes in (the CTEs of one statement run in no set order);
+  a lone row of it joins the statement. (No queued row can refer to such a table: it cannot know the key.)
 
 A transaction that does not commit writes none of them. A caller that is about to read what it queued (or write a
 row that refers to it by a foreign key, outside this queue) writes the queue first: `write_queued`.
@@ -23,7 +27,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, event, insert
+from sqlalchemy import Table, bindparam, event, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.sql.ddl import sort_tables
@@ -60,18 +64,41 @@ async def write_queued(session: AsyncSession) -> None:
     await session.run_sync(_write)
 
 
-def statements(queued: Sequence[tuple[Table, Row]], dialect: str) -> list[tuple[Insert, list[Row] | None]]:
-    """The statements (with their executemany rows, or None: the values are in the statement) that write `queued`
-    on `dialect`, in the order to run them (see the module docstring)."""
+Params = Row | list[Row]
+
+
+def statements(queued: Sequence[tuple[Table, Row]], dialect: str) -> list[tuple[Insert, Params]]:
+    """The statements with their parameters (a list: executemany) that write `queued` on `dialect`, in the order to
+    run them (see the module docstring)."""
     per_table: dict[Table, list[Row]] = {}
     for table, row in queued:
         per_table.setdefault(table, []).append(row)
     tables = _foreign_keys_first(frozenset(per_table))
-    if dialect != "postgresql" or len(tables) == 1 or sum(len(row) for _, row in queued) > MAX_PARAMETERS:
+    if dialect != "postgresql" or sum(len(row) for _, row in queued) > MAX_PARAMETERS:
         return [(insert(table), per_table[table]) for table in tables]
-    *first, last = tables
-    ctes = [insert(table).values(per_table[table]).cte(f"w{index}") for index, table in enumerate(first)]
-    return [(insert(last).values(per_table[last]).add_cte(*ctes), None)]
+    ordered = [table for table in tables if table.autoincrement_column is not None]
+    single = [(table, row) for table in tables if table not in ordered for row in per_table[table]]
+    single += [(table, per_table[table][0]) for table in ordered if len(per_table[table]) == 1]
+    separate: list[tuple[Insert, Params]] = [
+        (insert(table), per_table[table]) for table in ordered if len(per_table[table]) > 1
+    ]
+    if len(single) < 2:
+        return [(insert(table), [row]) for table, row in single] + separate
+    shape = tuple((table, tuple(row)) for table, row in single)
+    params = {f"p{index}_{name}": value for index, (_, row) in enumerate(single) for name, value in row.items()}
+    return [(_one_statement(shape), params), *separate]
+
+
+@functools.lru_cache(maxsize=256)
+def _one_statement(shape: tuple[tuple[Table, tuple[str, ...]], ...]) -> Insert:
+    """One-row inserts of `shape`'s tables and columns, all but the last in CTEs, with parameters `p<i>_<column>`:
+    built once per shape (a handful occur), so neither the statement nor its cache key is made per transaction."""
+    inserts = [
+        insert(table).values({name: bindparam(f"p{index}_{name}", type_=table.c[name].type) for name in names})
+        for index, (table, names) in enumerate(shape)
+    ]
+    *in_ctes, last = inserts
+    return last.add_cte(*(statement.cte(f"w{index}") for index, statement in enumerate(in_ctes)))
 
 
 @functools.cache
@@ -86,8 +113,8 @@ def _write(session: Session) -> None:
         return
     dialect = session.get_bind().dialect.name
     with session.no_autoflush:  # the queue goes first: pending objects may refer to its rows
-        for statement, rows in statements(queued, dialect):
-            session.execute(statement, rows) if rows is not None else session.execute(statement)
+        for statement, params in statements(queued, dialect):
+            session.execute(statement, params)
 
 
 @event.listens_for(Session, "before_commit")

@@ -144,8 +144,9 @@ async def test_rows_of_several_tables_are_one_statement_on_postgresql_and_a_row_
             await session.commit()
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", listener)
-    if engine.dialect.name == "postgresql":
-        assert len(seen) == 1 and seen[0].startswith("WITH"), seen
+    if engine.dialect.name == "postgresql":  # one statement; the outbox's two rows after it, in queued order
+        assert len(seen) == 2 and seen[0].startswith("WITH"), seen
+        assert seen[1].startswith("INSERT INTO outbox"), seen
     else:  # a statement per table, each after the tables it refers to
         tables = [statement.split()[2].strip('"') for statement in seen]
         assert tables.index("tenants") < tables.index("idempotency_keys") and len(tables) == 3, seen
@@ -185,18 +186,29 @@ async def test_write_queued_writes_now_inside_the_transaction(sessions: async_se
         assert await session.scalar(select(Tenant.id)) is None, "written early, still only if it commits"
 
 
-def test_postgresql_writes_each_table_in_queued_order_and_splits_when_the_parameters_run_out(
+def test_postgresql_writes_one_cached_statement_and_generated_keys_in_queued_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    outbox = cast("Table", OutboxMessage.__table__)
     queued = [(_KEYS, _key("t", "a")), (_TENANTS, _tenant("t")), (_KEYS, _key("t", "b"))]
-    [(combined, rows)] = commit_inserts.statements(queued, "postgresql")
-    assert rows is None
+    [(combined, params)] = commit_inserts.statements([*queued, (outbox, {"subject": "one"})], "postgresql")
+    assert params == {"p0_id": "t", **{f"p0_{name}": value for name, value in _tenant("t").items()},
+                      **{f"p1_{name}": value for name, value in _key("t", "a").items()},
+                      **{f"p2_{name}": value for name, value in _key("t", "b").items()}, "p3_subject": "one"}
+    assert combined._generate_cache_key() is not None, "SQLAlchemy caches its compiled form"
+    again, _ = commit_inserts.statements([*queued, (outbox, {"subject": "two"})], "postgresql")[0]
+    assert again is combined, "built once per shape"
     sql = " ".join(str(combined.compile(dialect=PGDialect_asyncpg())).split())  # type: ignore[no-untyped-call]
-    assert sql.startswith("WITH w0 AS (INSERT INTO tenants") and sql.count("INSERT INTO") == 2, sql
+    assert sql.startswith("WITH w0 AS (INSERT INTO tenants") and sql.count("INSERT INTO") == 4, sql
     assert sql.index("INSERT INTO idempotency_keys") > sql.index("INSERT INTO tenants")
-    per_table = [(statement.table.name, [row.get("key") for row in rows or []])
-                 for statement, rows in commit_inserts.statements(queued, "sqlite")]
+    assert sql.index("INSERT INTO outbox") > sql.index("INSERT INTO idempotency_keys")
+    events = [(outbox, {"subject": "first"}), (outbox, {"subject": "second"})]
+    [_, (separate, event_rows)] = commit_inserts.statements([*queued, *events], "postgresql")
+    assert separate.table is outbox and event_rows == [row for _, row in events], "one executemany, in order"
+    per_table = [(statement.table.name, [row.get("key") for row in rows])
+                 for statement, rows in commit_inserts.statements(queued, "sqlite") if isinstance(rows, list)]
     assert per_table == [("tenants", [None]), ("idempotency_keys", ["a", "b"])]  # the referred-to table first
     monkeypatch.setattr(commit_inserts, "MAX_PARAMETERS", 10)
     split = commit_inserts.statements(queued, "postgresql")
-    assert [(statement.table.name, [row.get("key") for row in rows or []]) for statement, rows in split] == per_table
+    assert [(statement.table.name, [row.get("key") for row in rows]) for statement, rows in split
+            if isinstance(rows, list)] == per_table
