@@ -7,16 +7,18 @@ rather than for the whole request; only a refused write pays a second statement,
 
 The connection comes from a small pool of its own: when the limiter runs, the request's session already holds a
 connection of the main pool (the token lookup), so taking a second one from that pool would deadlock as soon as as
-many requests wait as the pool has connections.
+many requests wait as the pool has connections. That pool pings nothing before use: a pooled connection that died
+(a database restart) fails its statement as a disconnect, and the take runs once more on a fresh one. The
+statement is the take's only one, so nothing else can have happened; at worst the lost answer hid a granted token,
+and the tenant's bucket is one token lower for a moment. A ping would cost every request a round trip.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Float, bindparam, text
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import create_async_engine
-
-from api.db import ping_postgresql
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 __all__ = ["POOL_SIZE", "SharedBuckets"]
 
@@ -38,13 +40,22 @@ class SharedBuckets:
     """The buckets of the PostgreSQL database at `url`; `aclose` when the app stops."""
 
     def __init__(self, url: URL) -> None:
-        self._engine = create_async_engine(
-            url, pool_size=POOL_SIZE, max_overflow=0, pool_pre_ping=True, isolation_level="AUTOCOMMIT"
-        )
-        self._engine.sync_engine.dialect.do_ping = ping_postgresql  # type: ignore[method-assign]
+        self._engine = create_async_engine(url, pool_size=POOL_SIZE, max_overflow=0, isolation_level="AUTOCOMMIT")
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
 
     async def take(self, key: str, *, rate_per_s: float, burst: int) -> float:
         """Take one token of `key`'s bucket: 0.0 when granted, otherwise the seconds until a token will be there."""
+        try:
+            return await self._take(key, rate_per_s=rate_per_s, burst=burst)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            return await self._take(key, rate_per_s=rate_per_s, burst=burst)  # a dead pooled connection: once more
+
+    async def _take(self, key: str, *, rate_per_s: float, burst: int) -> float:
         params = {"key": key, "burst": float(burst), "rate": rate_per_s}
         async with self._engine.connect() as connection:
             if (await connection.execute(_TAKE, params)).first() is not None:
