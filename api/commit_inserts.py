@@ -46,7 +46,7 @@ _QUEUED = "hz_commit_inserts"
 def queue_insert(session: AsyncSession | Session, table: Table, row: Row) -> None:
     """Queue `row` for `table` in the session's transaction, begun here if nothing has begun it yet (so that its
     end, commit or rollback, writes or drops the queue)."""
-    sync = session.sync_session if isinstance(session, AsyncSession) else session
+    sync = _sync(session)
     if not sync.in_transaction():
         sync.begin()
     sync.info.setdefault(_QUEUED, []).append((table, row))
@@ -54,8 +54,11 @@ def queue_insert(session: AsyncSession | Session, table: Table, row: Row) -> Non
 
 def queued_rows(session: AsyncSession | Session, table: Table) -> list[Row]:
     """The rows queued for `table` and not yet written (for tests and diagnostics)."""
-    sync = session.sync_session if isinstance(session, AsyncSession) else session
-    return [row for queued_table, row in sync.info.get(_QUEUED, ()) if queued_table is table]
+    return [row for queued_table, row in _sync(session).info.get(_QUEUED, ()) if queued_table is table]
+
+
+def _sync(session: AsyncSession | Session) -> Session:
+    return session.sync_session if isinstance(session, AsyncSession) else session
 
 
 async def write_queued(session: AsyncSession) -> None:

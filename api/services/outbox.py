@@ -54,12 +54,12 @@ def tenant_event_row(*, tenant_id: str, job_id: str, data: EventData, now: datet
 
 def enqueue_tenant_event(session: AsyncSession, *, tenant_id: str, job_id: str, data: EventData, now: datetime) -> None:
     """Queue `data` for the tenant (`tenant_event_row`): written with the transaction's other outbox rows at commit."""
-    _queue(session, tenant_event_row(tenant_id=tenant_id, job_id=job_id, data=data, now=now))
+    queue_insert(session, _OUTBOX, tenant_event_row(tenant_id=tenant_id, job_id=job_id, data=data, now=now))
 
 
 def enqueue_desired_state(session: AsyncSession, assignment: HostAssignment, *, now: datetime) -> None:
     """Queue a host's complete assignment (level-triggered: the agent converges to it, whatever it saw before)."""
-    _queue(session, {
+    queue_insert(session, _OUTBOX, {
         "topic": OutboxTopic.DESIRED_STATE,
         "subject": host_key(assignment.host),
         "payload": assignment.model_dump_json().encode(),
@@ -68,6 +68,3 @@ def enqueue_desired_state(session: AsyncSession, assignment: HostAssignment, *, 
         "attempts": 0,
     })
 
-
-def _queue(session: AsyncSession, row: dict[str, Any]) -> None:
-    queue_insert(session, _OUTBOX, row)
