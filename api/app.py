@@ -16,7 +16,6 @@ Start-up order matters:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -40,6 +39,7 @@ from broker_config.accounts import TenantBroker
 from broker_config.provider_bus import ProviderBus
 from harmonaize import __version__
 from harmonaize.settings import Settings
+from harmonaize.waits import cancel_and_wait
 
 
 class ConfigurationError(ValueError):
@@ -55,14 +55,6 @@ def _pseudonym_secret(settings: Settings) -> bytes:
             "(keep it stable across restarts, or tenants see their hosts renamed)"
         )
     return settings.provider_secret.get_secret_value().encode()
-
-
-async def _stop(tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def create_app(
@@ -115,7 +107,7 @@ def create_app(
             yield
         finally:
             await app.state.event_feed.close()  # ends every open event stream
-            await _stop(tasks)
+            await cancel_and_wait(tasks)
             if getattr(app.state, "shared_buckets", None) is not None:
                 await app.state.shared_buckets.aclose()
             await engine.dispose()

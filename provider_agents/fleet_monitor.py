@@ -42,6 +42,7 @@ from harmonaize.desired_state import (
     Heartbeat,
 )
 from harmonaize.subjects import ANY, provider_filter
+from harmonaize.waits import wait_set
 from provider_agents.clock import Clock, SystemClock
 from provider_agents.desired import DesiredState
 from provider_agents.projection import TenantEvent, host_down
@@ -223,10 +224,7 @@ class FleetMonitor:
         try:
             while not self._stop.is_set():
                 await self.check()
-                try:
-                    await asyncio.wait_for(self._stop.wait(), self.check_interval_s)
-                except TimeoutError:
-                    pass
+                await wait_set(self._stop, self.check_interval_s)
         finally:
             await subscription.unsubscribe()
 

@@ -40,6 +40,7 @@ from harmonaize.desired_state import AssignedJob, HostAssignment
 from harmonaize.events import MaintenanceStatus
 from harmonaize.jobs import Compression, ParallelPlan
 from harmonaize.subjects import ANY, provider_filter
+from harmonaize.waits import wait_set
 from provider_agents.clock import Clock, SystemClock
 from provider_agents.control_plane import ControlPlane, ControlPlaneRefusal
 from provider_agents.desired import DesiredState
@@ -214,10 +215,7 @@ class MicroLoop:
                     await self.tick()
                 except Exception as exc:  # the control plane may be briefly unreachable; the next tick retries
                     log.warning("micro loop tick failed: %r", exc)
-                try:
-                    await asyncio.wait_for(self._stop.wait(), self._interval_s)
-                except TimeoutError:
-                    pass
+                await wait_set(self._stop, self._interval_s)
         finally:
             await subscription.unsubscribe()
 

@@ -24,6 +24,7 @@ from nats.js.kv import KeyValue
 
 from broker_config.buckets import RENDEZVOUS_BUCKET, ensure_bucket, rendezvous_bucket
 from harmonaize.ids import validate_id
+from harmonaize.waits import wait_set
 from provider_agents.desired import DesiredState
 
 __all__ = ["RENDEZVOUS_BUCKET", "RendezvousHost", "ensure_rendezvous_bucket", "job_key", "lookup_endpoint"]
@@ -117,10 +118,7 @@ class RendezvousHost:
                 await self.reconcile()
             except Exception as exc:  # a broker hiccup must not end the loop; the next pass retries
                 log.warning("rendezvous host: %r", exc)
-            try:
-                await asyncio.wait_for(self._stop.wait(), self._interval_s)
-            except TimeoutError:
-                pass
+            await wait_set(self._stop, self._interval_s)
 
     def stop(self) -> None:
         self._stop.set()

@@ -36,6 +36,7 @@ from harmonaize.desired_state import HostAssignment
 from harmonaize.heap import freeze_startup_heap
 from harmonaize.node_failures import NodeFailureReport
 from harmonaize.settings import Settings
+from harmonaize.waits import wait_set
 from provider_agents.agent import Agent, AgentConfig
 from provider_agents.approval_memory import ApprovalMemory
 from provider_agents.approvals import APPROVAL_INTERVAL_S, NoticeApprover, held_notices
@@ -145,10 +146,7 @@ async def _every(
                 await work()
         except Exception as exc:  # one failed pass (broker or API briefly away) must not end the loop
             log.warning("%s failed: %r", getattr(work, "__name__", "pass"), exc)
-        try:
-            await asyncio.wait_for(stop.wait(), interval_s)
-        except TimeoutError:
-            pass
+        await wait_set(stop, interval_s)
 
 
 async def _unless_stopped(work: Awaitable[object], stop: asyncio.Event) -> None:

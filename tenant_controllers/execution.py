@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from harmonaize.waits import wait_set
 from tenant_controllers.errors import PermanentError, TemporaryError
 from tenant_controllers.handlers import RetryPolicy
 
@@ -87,9 +88,6 @@ async def run_with_retries(
 async def _sleep_unless_stopped(delay: float, stop: asyncio.Event) -> None:
     if stop.is_set():
         raise Interrupted()
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=delay)
-    except TimeoutError:
-        return
-    raise Interrupted()
+    if await wait_set(stop, delay):
+        raise Interrupted()
 

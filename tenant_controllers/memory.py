@@ -21,6 +21,7 @@ from typing import Any
 
 from harmonaize.events import CloudEvent
 from harmonaize.subjects import InvalidSubjectError, parse_tenant_event_subject, tenant_event_subject
+from harmonaize.waits import wait_set
 from tenant_controllers.sources import Subscription
 
 __all__ = ["Faults", "MemoryBroker", "MemoryDelivery", "MemoryEventSource"]
@@ -224,10 +225,7 @@ class MemoryEventSource:
             redelivery = self._broker._next_deadline(self._consumer)
             if redelivery is not None:
                 wake = min(wake, max(redelivery, now + 0.001))
-            try:
-                await asyncio.wait_for(self._broker._changed.wait(), timeout=wake - now)
-            except TimeoutError:
-                pass
+            await wait_set(self._broker._changed, wake - now)
 
     async def close(self) -> None:
         self._consumer = None

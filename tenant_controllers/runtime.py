@@ -23,7 +23,6 @@ Stopping (`stop` set): the pull loop ends, handlers that are running finish thei
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 from harmonaize.events import CloudEvent, EventData, EventError, Failure, parse_event
 from harmonaize.events.kinds import EventKind
 from harmonaize.tracing import child_traceparent
+from harmonaize.waits import wait_set
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.controller import Controller
 from tenant_controllers.errors import PermanentError
@@ -213,8 +213,7 @@ class ControllerRuntime:
                 self._log.warning(
                     "cannot open consumer %s yet (%s); retrying in %.1f s", subscription.consumer, exc, delay
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+            await wait_set(self._stop, delay)
             delay = min(delay * 2, 5.0)
         return False
 
@@ -391,8 +390,7 @@ class ControllerRuntime:
                 if not lane.resync_queued:
                     lane.resync_queued = True
                     lane.queue.put_nowait(_RESYNC)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.resync_interval)
+            await wait_set(self._stop, self.resync_interval)
 
     async def _resync(self, job: Job) -> None:
         for handler in self.controller.resync_handlers:

@@ -16,7 +16,6 @@ and take over within a poll when it dies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -28,6 +27,7 @@ from api.log_context import log_context
 from api.models import OutboxMessage, OutboxTopic, utcnow
 from api.services.relay_leadership import RelayLeadership
 from broker_config.provider_bus import ProviderBus
+from harmonaize.waits import wait_set
 
 _log = logging.getLogger(__name__)
 
@@ -122,8 +122,7 @@ class OutboxRelay:
         while True:
             self._wake.clear()
             if self.leadership is not None and not await self.leadership.held():
-                with contextlib.suppress(TimeoutError):  # another replica delivers; ask again after a poll
-                    await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+                await wait_set(self._wake, self._poll_interval)  # another replica delivers; ask again after a poll
                 continue
             try:
                 await self.deliver_pending()
@@ -133,5 +132,4 @@ class OutboxRelay:
                 backoff = min(backoff * 2, self._backoff_max)
                 continue
             backoff = self._backoff_initial
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+            await wait_set(self._wake, self._poll_interval)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from harmonaize.waits import wait_set
 from harmonaize_cli.conformance.binding import Received
 from harmonaize_cli.conformance.probes import PROBE_HEADER
 
@@ -60,9 +61,7 @@ async def read_feed(
     if on_listening is not None:
         on_listening()
     try:
-        await asyncio.wait_for(done.wait(), timeout=duration)
-    except TimeoutError:
-        pass
+        await wait_set(done, duration)
     finally:
         done.set()
         await subscription.unsubscribe()

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from harmonaize.waits import wait_set
 from provider_agents.telemetry.scenario import Scenario
 from provider_agents.testbed.commands import TestbedError, run
 from provider_agents.testbed.layout import TestbedLayout
@@ -110,10 +111,7 @@ class EpisodePlayer:
         try:
             while not stop.is_set():
                 await asyncio.to_thread(self.converge)
-                try:
-                    await asyncio.wait_for(stop.wait(), PERIOD_S)
-                except TimeoutError:
-                    pass
+                await wait_set(stop, PERIOD_S)
         finally:
             # shielded: a second cancellation leaves the undo running in its thread rather than half done
             await asyncio.shield(asyncio.to_thread(self.undo))

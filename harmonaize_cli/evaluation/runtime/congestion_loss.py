@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from harmonaize.waits import wait_set
 from harmonaize_cli.evaluation.runtime.cloud import EvalContext
 from harmonaize_cli.evaluation.runtime.job_log import LogWatcher, first_smoothed_under
 from harmonaize_cli.local_cloud.congestion_trial import REPARTITIONER, TrialShape, job_spec
@@ -82,11 +83,8 @@ class _CongestionChain:
             self.ends = at
             self.started.set()
             wait = (at - timedelta(seconds=AHEAD_S) - datetime.now(UTC)).total_seconds()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=max(0.0, wait))
+            if await wait_set(stop, wait):
                 return
-            except TimeoutError:
-                continue
 
     async def wait_gone(self) -> None:
         """Until the last segment has ended (and a second more for its flows to be stopped)."""
@@ -107,7 +105,8 @@ async def run_to_loss(ctx: EvalContext, arm: str, shape: TrialShape, *, repeat: 
     flows = asyncio.create_task(chain.run(stop))
     controller = None
     try:
-        await asyncio.wait_for(chain.started.wait(), timeout=30)
+        if not await wait_set(chain.started, 30):
+            raise TimeoutError("the congestion flows did not start within 30 s")
         if arm == "repartition":
             controller = probe.start_controller(REPARTITIONER, run.job)
         await probe.submit(spec)
