@@ -197,7 +197,8 @@ class FeedReader:
         if self.closed:
             return None
         try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: it can lose a cancellation (harmonaize.waits)
+                item = await self._queue.get()
         except TimeoutError:
             return None
         if isinstance(item, FeedEvent):
