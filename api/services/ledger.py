@@ -10,7 +10,8 @@ statement per counter,
 and the rowcount says whether it happened. It is correct on PostgreSQL (the row lock makes a concurrent update
 re-check the condition against the committed value) and on SQLite (one writer at a time), and CHECK constraints
 refuse anything that slips past it. Allocation rows are inserted in the same transaction, so rows and totals move
-together. Allocations are whole workers: `gpus_per_worker` GPUs on ONE host each (a worker cannot span hosts).
+together (`ledger_rows`: one statement for both on PostgreSQL). Allocations are whole workers: `gpus_per_worker`
+GPUs on ONE host each (a worker cannot span hosts).
 
 Placing reads candidate hosts and tries the conditional update on each; losing a race on one host only moves on to the
 next, and a few re-reads pick up space freed meanwhile. A snapshot that says "room" is only ever a hint.
@@ -29,10 +30,10 @@ from typing import cast
 
 from sqlalchemy import Integer, Select, Table, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import execute_core, rows_matched
 from api.models import Allocation, Host, Job, utcnow
+from api.services import ledger_rows
 from api.services.errors import (
     ConflictError,
     InsufficientCapacityError,
@@ -59,31 +60,6 @@ class Placement:
 
 _HOSTS, _JOBS, _ALLOCATIONS = (cast("Table", model.__table__) for model in (Host, Job, Allocation))
 _H, _J, _A = _HOSTS.c, _JOBS.c, _ALLOCATIONS.c
-_RESERVE = (
-    update(_HOSTS)
-    .where(_H.id == bindparam("host"), _H.down_at.is_(None), _H.allocated_gpus + bindparam("take") <= _H.gpus)
-    .values(allocated_gpus=_H.allocated_gpus + bindparam("take"))
-)
-_RETURN = (
-    update(_HOSTS)
-    .where(_H.id == bindparam("host"), _H.allocated_gpus >= bindparam("give"))
-    .values(allocated_gpus=_H.allocated_gpus - bindparam("give"))
-)
-"""The ledger's conditional updates, built once, on the tables (`api.db.execute_core`): a placement or a release
-runs them per worker."""
-
-
-async def _try_reserve(session: AsyncSession, host_id: str, gpus: int) -> bool:
-    result = await execute_core(session, _RESERVE, {"host": host_id, "take": gpus})
-    return rows_matched(result) == 1
-
-
-async def _return_to_host(session: AsyncSession, host_id: str, gpus: int) -> None:
-    returned = await execute_core(session, _RETURN, {"host": host_id, "give": gpus})
-    if rows_matched(returned) != 1:
-        raise RuntimeError(f"ledger inconsistent: host {host_id!r} has fewer than {gpus} GPUs allocated")
-
-
 _DELTA = bindparam("delta", type_=Integer())
 _CHANGE_WORKERS = (
     update(_JOBS)
@@ -140,7 +116,7 @@ async def place_workers(
     per_worker = job.gpus_per_worker
     for _ in range(PLACEMENT_ROUNDS):
         for host_id, group, _free in await host_preference(session, job, exclude_hosts):
-            while len(placed) < count and await _try_reserve(session, host_id, per_worker):
+            while len(placed) < count:
                 allocation = Allocation(
                     id=new_allocation_id(),
                     tenant_id=job.tenant_id,
@@ -150,10 +126,10 @@ async def place_workers(
                     created_at=now,
                     starts_at=starts_at,
                 )
-                session.add(allocation)
+                if not await ledger_rows.grant(session, allocation):
+                    break
                 placed.append(Placement(allocation=allocation, locality_group=group))
             if len(placed) == count:
-                await session.flush()
                 return placed
     raise InsufficientCapacityError(
         f"not enough free capacity: room for {len(placed)} of the {count} more workers "
@@ -205,8 +181,7 @@ async def release_workers(session: AsyncSession, job: Job, count: int, *, now: d
         if remaining <= 0:
             break
         take = min(allocation.gpus, remaining)
-        await _mark_released(session, allocation, now=now)
-        await _return_to_host(session, allocation.host_id, take)
+        await ledger_rows.release(session, allocation, give=take, now=now)
         if take < allocation.gpus:
             session.add(
                 Allocation(
@@ -242,25 +217,10 @@ async def release_workers_on(session: AsyncSession, job: Job, host_ids: Collecti
     )
     gpus = 0
     for allocation in rows:
-        await _mark_released(session, allocation, now=now)
-        await _return_to_host(session, allocation.host_id, allocation.gpus)
+        await ledger_rows.release(session, allocation, give=allocation.gpus, now=now)
         gpus += allocation.gpus
     await session.flush()
     return gpus // job.gpus_per_worker
-
-
-_MARK_RELEASED = (
-    update(_ALLOCATIONS)
-    .where(_A.id == bindparam("allocation"), _A.released_at.is_(None))
-    .values(released_at=bindparam("now", type_=_A.released_at.type))
-)
-
-
-async def _mark_released(session: AsyncSession, allocation: Allocation, *, now: datetime) -> None:
-    marked = await execute_core(session, _MARK_RELEASED, {"allocation": allocation.id, "now": now})
-    if rows_matched(marked) != 1:
-        raise ConflictError(f"allocation {allocation.id!r} is already released")
-    set_committed_value(allocation, "released_at", now)
 
 
 def _candidates(gpus: int, *, host_id: str | None, locality_group: str | None) -> Select[str, str]:
@@ -317,13 +277,11 @@ async def allocate(
             if not candidates:
                 break
             for candidate_id, group in candidates:
-                if await _try_reserve(session, candidate_id, gpus):
-                    allocation = Allocation(
-                        id=new_allocation_id(), tenant_id=tenant_id, job_id=job_id, host_id=candidate_id, gpus=gpus,
-                        created_at=now,
-                    )
-                    session.add(allocation)
-                    await session.flush()
+                allocation = Allocation(
+                    id=new_allocation_id(), tenant_id=tenant_id, job_id=job_id, host_id=candidate_id, gpus=gpus,
+                    created_at=now, starts_at=None,
+                )
+                if await ledger_rows.grant(session, allocation):
                     await write_host_assignments(session, [candidate_id], now=now)
                     await session.commit()
                     return Placement(allocation=allocation, locality_group=group)
@@ -347,8 +305,7 @@ async def release(session: AsyncSession, allocation_id: str, *, now: datetime | 
         raise NotFoundError(f"no allocation {allocation_id!r}")
     await lock_ledger(session)
     try:
-        await _mark_released(session, allocation, now=now)
-        await _return_to_host(session, allocation.host_id, allocation.gpus)
+        await ledger_rows.release(session, allocation, give=allocation.gpus, now=now)
         job = await session.get(Job, (allocation.tenant_id, allocation.job_id))
         assert job is not None, "allocations reference their job by a foreign key"
         await change_job_workers(session, job, -(allocation.gpus // job.gpus_per_worker))
