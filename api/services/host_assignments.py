@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, bindparam, exists, func, or_, select, update
+from sqlalchemy import Row, Table, bindparam, exists, func, literal_column, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db import execute_core
@@ -129,7 +129,7 @@ def job_directives(job: AssignableJob) -> Directives:
 
 
 _PLACED_JOBS = (
-    select(_A.host_id, func.sum(_A.gpus), *_ASSIGNED_COLUMNS)
+    select(_A.host_id, func.sum(_A.gpus).label("gpus_here"), *_ASSIGNED_COLUMNS)
     .join(Job.__table__, (_J.tenant_id == _A.tenant_id) & (_J.id == _A.job_id))
     .where(_A.host_id.in_(bindparam("hosts", expanding=True)), *EFFECTIVE)
     .group_by(_A.host_id, _J.tenant_id, _J.id)
@@ -139,16 +139,16 @@ _PLACED_JOBS = (
 
 
 async def _compute(
-    session: AsyncSession, hosts: dict[str, tuple[int, str]], *, now: datetime, approvals_open: bool,
-    standby_rows: bool,
+    session: AsyncSession, hosts: dict[str, tuple[int, str]], rows: Iterable[Row[Any]], *, now: datetime,
+    approvals_open: bool, standby_rows: bool,
 ) -> list[HostAssignment]:
-    """The assignments of `hosts` (id -> its generation and group), in id order, read in at most three statements
-    however many hosts: their jobs, those jobs' open approvals (only if any is open), and the standby nodes on them
-    (only if a host has any)."""
-    rows = await execute_core(session, _PLACED_JOBS, {"hosts": list(hosts), "now": now})
+    """The assignments of `hosts` (id -> its generation and group), in id order, from `rows` (`_PLACED_JOBS`'s
+    columns: their jobs) and at most two more statements however many hosts: those jobs' open approvals (only if any
+    is open), and the standby nodes on them (only if a host has any)."""
     placed: dict[str, list[tuple[AssignableJob, int]]] = {}
     for row in rows:
-        placed.setdefault(row[0], []).append((cast("AssignableJob", row), int(row[1])))
+        if row.host_id is not None:
+            placed.setdefault(row.host_id, []).append((cast("AssignableJob", row), int(row.gpus_here)))
     approvals = await open_approvals(
         session, {(job.tenant_id, job.id) for jobs in placed.values() for job, _ in jobs}, now=now
     ) if approvals_open else {}
@@ -246,10 +246,24 @@ _BUMP_GENERATION = (
     update(cast("Table", Host.__table__))
     .where(_H.id == bindparam("host_id"))
     .values(generation=_H.generation + 1, assigned_at=bindparam("now", type_=_H.assigned_at.type))
-    .returning(_H.generation, _H.locality_group, ANY_OPEN, exists().where(_S.host_id == _H.id))
+    .returning(
+        _H.generation, _H.locality_group, ANY_OPEN.label("approvals_open"),
+        exists().where(_S.host_id == _H.id).label("standby_rows"),
+    )
 )
 """A host's next generation, and whether the assignment has approvals or standby nodes to read: both are rare,
 and returning their existence here spares an accept two statements when there are none."""
+
+_BUMPED, _PLACED = _BUMP_GENERATION.cte("bumped"), _PLACED_JOBS.subquery("placed")
+_ONE_ROW = select(literal_column("1").label("one")).subquery("one")
+_BUMP_AND_READ = (
+    select(*_BUMPED.c, *_PLACED.c)
+    .select_from(_ONE_ROW.outerjoin(_BUMPED, true()).outerjoin(_PLACED, true()))
+    .order_by(_PLACED.c.host_id, _PLACED.c.tenant_id, _PLACED.c.id)
+)
+"""PostgreSQL: `_BUMP_GENERATION` of one host and `_PLACED_JOBS` of all, in one statement: a row per job placed
+(the bump's columns on each), or one row of NULLs past the bump's if none is. The read sees the transaction's
+writes before this statement, and it reads no host row, so the bump beside it changes nothing it reads."""
 
 
 async def write_host_assignments(
@@ -266,17 +280,34 @@ async def write_host_assignments(
     """
     hosts = set(host_ids)
     hosts |= await renew_epochs(session, hosts, now=now, restart=restart)
-    bumped: dict[str, tuple[int, str]] = {}
-    approvals_open = standby_rows = False
-    params = {"now": now, "approvals_since": now - APPROVAL_TTL}
-    for host_id in sorted(hosts):  # one host at a time, in id order: the same lock order in every transaction
-        row = (await execute_core(session, _BUMP_GENERATION, {**params, "host_id": host_id})).first()
-        if row is not None:
-            bumped[host_id] = (int(row[0]), str(row[1]))
-            approvals_open, standby_rows = approvals_open or bool(row[2]), standby_rows or bool(row[3])
-    if not bumped:
+    if not hosts:
         return []
-    assignments = await _compute(session, bumped, now=now, approvals_open=approvals_open, standby_rows=standby_rows)
+    bumps: dict[str, Row[Any]] = {}
+    ordered = sorted(hosts)
+    params = {"now": now, "approvals_since": now - APPROVAL_TTL, "hosts": ordered}
+    combined = session.get_bind().dialect.name == "postgresql"
+    # one host at a time, in id order: the same lock order in every transaction; on PostgreSQL the last one's bump
+    # goes with the read of every host's jobs
+    for host_id in ordered[:-1] if combined else ordered:
+        if (bump := (await execute_core(session, _BUMP_GENERATION, {**params, "host_id": host_id})).first()):
+            bumps[host_id] = bump
+    placed: Sequence[Row[Any]] = ()
+    if combined:
+        placed = (await execute_core(session, _BUMP_AND_READ, {**params, "host_id": ordered[-1]})).all()
+        if placed[0].generation is not None:
+            bumps[ordered[-1]] = placed[0]
+    if not bumps:
+        return []
+    if not combined:
+        placed = (await execute_core(session, _PLACED_JOBS, {"hosts": list(bumps), "now": now})).all()
+    assignments = await _compute(
+        session,
+        {host_id: (int(bump.generation), str(bump.locality_group)) for host_id, bump in bumps.items()},
+        placed,
+        now=now,
+        approvals_open=any(bump.approvals_open for bump in bumps.values()),
+        standby_rows=any(bump.standby_rows for bump in bumps.values()),
+    )
     for assignment in assignments:
         enqueue_desired_state(session, assignment, now=now)
     return assignments
