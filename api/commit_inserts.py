@@ -12,10 +12,12 @@ would write them.
 - PostgreSQL: one statement for every row of a table whose keys the rows carry (negotiations, rounds, idempotency
   keys): a one-row insert each, all but one in data-modifying CTEs (`WITH w0 AS (INSERT ...) INSERT ...`), whose
   foreign keys are checked when the statement ends. One-row inserts, since SQLAlchemy caches the compiled form of
-  those and compiles a multi-row VALUES afresh each time, which cost more CPU than the round trips saved. A table
-  whose keys the database generates (the outbox) keeps its rows in one executemany insert after that statement,
-  so its ids follow the queued order, which the relay publishes in (the CTEs of one statement run in no set order);
-  a lone row of it joins the statement. (No queued row can refer to such a table: it cannot know the key.)
+  those and compiles a multi-row VALUES afresh each time, which cost more CPU than the round trips saved. The rows of
+  a table whose keys the database generates (the outbox) must get them in the queued order, which the relay
+  publishes in, and the CTEs of one statement run in no set order: so each of its rows after the first is inserted
+  *from* the previous one's CTE (`INSERT ... SELECT <values> FROM <previous>`), which makes the database insert it
+  second. Up to `MAX_CHAIN` rows; more go in one executemany insert after the statement. (No queued row can refer
+  to such a table: it cannot know the key.)
 
 A transaction that does not commit writes none of them. A caller that is about to read what it queued (or write a
 row that refers to it by a foreign key, outside this queue) writes the queue first: `write_queued`.
@@ -27,17 +29,22 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, event, insert
+from sqlalchemy import Table, bindparam, event, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.sql.ddl import sort_tables
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.selectable import CTE
 
 Row = dict[str, Any]
 
 MAX_PARAMETERS = 30_000
 """Bound parameters per PostgreSQL statement, at most (its protocol allows 32,767): a larger queue is written by one
 statement per table instead."""
+
+MAX_CHAIN = 8
+"""Rows of a table with generated keys that join the one statement, chained (see the module docstring), at most:
+a transaction with more (an outage rewriting many hosts) writes them by an executemany insert after it."""
 
 _QUEUED = "hz_commit_inserts"
 """The `session.info` key of the (table, row) pairs queued in the session's current transaction, in queued order."""
@@ -79,29 +86,55 @@ def statements(queued: Sequence[tuple[Table, Row]], dialect: str) -> list[tuple[
     tables = _foreign_keys_first(frozenset(per_table))
     if dialect != "postgresql" or sum(len(row) for _, row in queued) > MAX_PARAMETERS:
         return [(insert(table), per_table[table]) for table in tables]
-    ordered = [table for table in tables if table.autoincrement_column is not None]
-    single = [(table, row) for table in tables if table not in ordered for row in per_table[table]]
-    single += [(table, per_table[table][0]) for table in ordered if len(per_table[table]) == 1]
-    separate: list[tuple[Insert, Params]] = [
-        (insert(table), per_table[table]) for table in ordered if len(per_table[table]) > 1
-    ]
+    generated = [table for table in tables if table.autoincrement_column is not None]
+    single = [(table, row, False) for table in tables if table not in generated for row in per_table[table]]
+    separate: list[tuple[Insert, Params]] = []
+    for table in generated:
+        rows = [_with_defaults(table, row) for row in per_table[table]]
+        if len(rows) > MAX_CHAIN or None in rows:
+            separate.append((insert(table), per_table[table]))
+        else:
+            single += [(table, row, index > 0) for index, row in enumerate(rows) if row is not None]
     if len(single) < 2:
-        return [(insert(table), [row]) for table, row in single] + separate
-    shape = tuple((table, tuple(row)) for table, row in single)
-    params = {f"p{index}_{name}": value for index, (_, row) in enumerate(single) for name, value in row.items()}
+        return [(insert(table), [row]) for table, row, _ in single] + separate
+    shape = tuple((table, tuple(row), after) for table, row, after in single)
+    params = {f"p{index}_{name}": value for index, (_, row, _) in enumerate(single) for name, value in row.items()}
     return [(_one_statement(shape), params), *separate]
 
 
+def _with_defaults(table: Table, row: Row) -> Row | None:
+    """`row` with the Python-side defaults of the columns it omits, as an insert's VALUES would get them (a row
+    inserted from a SELECT gets none); None if one of them is computed (then the row is not chained)."""
+    missing = [column for column in table.c if column.name not in row and column.default is not None]
+    if any(not column.default.is_scalar for column in missing):  # type: ignore[union-attr]
+        return None
+    defaults = {column.name: column.default.arg for column in missing}  # type: ignore[union-attr]
+    return {**row, **{name: value for name, value in defaults.items() if value is not None}}
+
+
 @functools.lru_cache(maxsize=256)
-def _one_statement(shape: tuple[tuple[Table, tuple[str, ...]], ...]) -> Insert:
-    """One-row inserts of `shape`'s tables and columns, all but the last in CTEs, with parameters `p<i>_<column>`:
-    built once per shape (a handful occur), so neither the statement nor its cache key is made per transaction."""
-    inserts = [
-        insert(table).values({name: bindparam(f"p{index}_{name}", type_=table.c[name].type) for name in names})
-        for index, (table, names) in enumerate(shape)
-    ]
-    *in_ctes, last = inserts
-    return last.add_cte(*(statement.cte(f"w{index}") for index, statement in enumerate(in_ctes)))
+def _one_statement(shape: tuple[tuple[Table, tuple[str, ...], bool], ...]) -> Insert:
+    """One-row inserts of `shape`'s tables and columns, all but the last in CTEs, with parameters `p<i>_<column>`;
+    an entry marked `after` is inserted from the previous entry's CTE, so after it. Built once per shape (a handful
+    occur), so neither the statement nor its cache key is made per transaction."""
+    inserts: list[Insert] = []
+    ctes: list[CTE] = []
+    for index, (table, names, after) in enumerate(shape):
+        values = {name: bindparam(f"p{index}_{name}", type_=table.c[name].type) for name in names}
+        if after:
+            previous = ctes[-1]
+            statement = insert(table).from_select(
+                list(names), select(*values.values()).select_from(previous), include_defaults=False
+            )
+        else:
+            statement = insert(table).values(values)
+        inserts.append(statement)
+        if index < len(shape) - 1:
+            if shape[index + 1][2]:  # the next row is inserted from this one's CTE: it must return a row
+                assert table.autoincrement_column is not None, "only rows of a table with generated keys are chained"
+                statement = statement.returning(table.autoincrement_column)
+            ctes.append(statement.cte(f"w{index}"))
+    return inserts[-1].add_cte(*ctes)
 
 
 @functools.cache

@@ -55,7 +55,7 @@ async def test_queued_rows_are_one_insert_at_commit_in_queued_order(
     inserts: list[str] = []
 
     def on_execute(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO OUTBOX"):
+        if "INSERT INTO OUTBOX" in statement.upper():
             inserts.append(statement)
 
     event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
@@ -144,9 +144,9 @@ async def test_rows_of_several_tables_are_one_statement_on_postgresql_and_a_row_
             await session.commit()
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", listener)
-    if engine.dialect.name == "postgresql":  # one statement; the outbox's two rows after it, in queued order
-        assert len(seen) == 2 and seen[0].startswith("WITH"), seen
-        assert seen[1].startswith("INSERT INTO outbox"), seen
+    if engine.dialect.name == "postgresql":  # one statement, the outbox's second row inserted from the first's CTE
+        assert len(seen) == 1 and seen[0].startswith("WITH"), seen
+        assert seen[0].count("INSERT INTO outbox") == 2 and "INSERT INTO outbox" in seen[0].split(" FROM w")[0], seen
     else:  # a statement per table, each after the tables it refers to
         tables = [statement.split()[2].strip('"') for statement in seen]
         assert tables.index("tenants") < tables.index("idempotency_keys") and len(tables) == 3, seen
@@ -194,7 +194,8 @@ def test_postgresql_writes_one_cached_statement_and_generated_keys_in_queued_ord
     [(combined, params)] = commit_inserts.statements([*queued, (outbox, {"subject": "one"})], "postgresql")
     assert params == {"p0_id": "t", **{f"p0_{name}": value for name, value in _tenant("t").items()},
                       **{f"p1_{name}": value for name, value in _key("t", "a").items()},
-                      **{f"p2_{name}": value for name, value in _key("t", "b").items()}, "p3_subject": "one"}
+                      **{f"p2_{name}": value for name, value in _key("t", "b").items()}, "p3_subject": "one",
+                      "p3_attempts": 0}
     assert combined._generate_cache_key() is not None, "SQLAlchemy caches its compiled form"
     again, _ = commit_inserts.statements([*queued, (outbox, {"subject": "two"})], "postgresql")[0]
     assert again is combined, "built once per shape"
@@ -202,9 +203,19 @@ def test_postgresql_writes_one_cached_statement_and_generated_keys_in_queued_ord
     assert sql.startswith("WITH w0 AS (INSERT INTO tenants") and sql.count("INSERT INTO") == 4, sql
     assert sql.index("INSERT INTO idempotency_keys") > sql.index("INSERT INTO tenants")
     assert sql.index("INSERT INTO outbox") > sql.index("INSERT INTO idempotency_keys")
-    events = [(outbox, {"subject": "first"}), (outbox, {"subject": "second"})]
-    [_, (separate, event_rows)] = commit_inserts.statements([*queued, *events], "postgresql")
-    assert separate.table is outbox and event_rows == [row for _, row in events], "one executemany, in order"
+    events = [(outbox, {"subject": f"e{index}"}) for index in range(3)]
+    [(chained, chained_params)] = commit_inserts.statements([*queued, *events], "postgresql")
+    sql = " ".join(str(chained.compile(dialect=PGDialect_asyncpg())).split())  # type: ignore[no-untyped-call]
+    assert sql.count("INSERT INTO outbox") == 3, sql
+    first, second, third = sql.split("INSERT INTO outbox (subject, attempts) ")[1:]  # attempts: its default, in each
+    assert first.startswith("VALUES (") and first.endswith("RETURNING outbox.id), w4 AS ("), sql
+    assert second.startswith("SELECT ") and second.endswith(" FROM w3 RETURNING outbox.id) "), sql
+    assert third.startswith("SELECT ") and third.endswith(" FROM w4"), "each inserted after the one before"
+    assert isinstance(chained_params, dict)
+    assert [chained_params[f"p{index}_subject"] for index in (3, 4, 5)] == ["e0", "e1", "e2"]
+    many = [(outbox, {"subject": f"m{index}"}) for index in range(commit_inserts.MAX_CHAIN + 1)]
+    [_, (separate, event_rows)] = commit_inserts.statements([*queued, *many], "postgresql")
+    assert separate.table is outbox and event_rows == [row for _, row in many], "past the chain: one executemany"
     per_table = [(statement.table.name, [row.get("key") for row in rows])
                  for statement, rows in commit_inserts.statements(queued, "sqlite") if isinstance(rows, list)]
     assert per_table == [("tenants", [None]), ("idempotency_keys", ["a", "b"])]  # the referred-to table first
