@@ -117,24 +117,23 @@ def _one_statement(shape: tuple[tuple[Table, tuple[str, ...], bool], ...]) -> In
     """One-row inserts of `shape`'s tables and columns, all but the last in CTEs, with parameters `p<i>_<column>`;
     an entry marked `after` is inserted from the previous entry's CTE, so after it. Built once per shape (a handful
     occur), so neither the statement nor its cache key is made per transaction."""
-    inserts: list[Insert] = []
     ctes: list[CTE] = []
-    for index, (table, names, after) in enumerate(shape):
-        values = {name: bindparam(f"p{index}_{name}", type_=table.c[name].type) for name in names}
-        if after:
-            previous = ctes[-1]
-            statement = insert(table).from_select(
-                list(names), select(*values.values()).select_from(previous), include_defaults=False
-            )
-        else:
-            statement = insert(table).values(values)
-        inserts.append(statement)
-        if index < len(shape) - 1:
-            if shape[index + 1][2]:  # the next row is inserted from this one's CTE: it must return a row
-                assert table.autoincrement_column is not None, "only rows of a table with generated keys are chained"
-                statement = statement.returning(table.autoincrement_column)
-            ctes.append(statement.cte(f"w{index}"))
-    return inserts[-1].add_cte(*ctes)
+    *earlier, (last_table, last_names, last_after) = shape
+    for index, (table, names, after) in enumerate(earlier):
+        statement = _one_insert(index, table, names, ctes[-1] if after else None)
+        if shape[index + 1][2]:  # the next row is inserted from this one's CTE: it must return a row
+            assert table.autoincrement_column is not None, "only rows of a table with generated keys are chained"
+            statement = statement.returning(table.autoincrement_column)
+        ctes.append(statement.cte(f"w{index}"))
+    return _one_insert(len(earlier), last_table, last_names, ctes[-1] if last_after else None).add_cte(*ctes)
+
+
+def _one_insert(index: int, table: Table, names: tuple[str, ...], after: CTE | None) -> Insert:
+    """Entry `index`'s one-row insert, parameters `p<index>_<column>`; from `after`'s CTE if given (so after it)."""
+    values = {name: bindparam(f"p{index}_{name}", type_=table.c[name].type) for name in names}
+    if after is None:
+        return insert(table).values(values)
+    return insert(table).from_select(list(names), select(*values.values()).select_from(after), include_defaults=False)
 
 
 @functools.cache

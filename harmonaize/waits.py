@@ -43,6 +43,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], *, grace_s: flo
     itself propagates (it is not absorbed while waiting). A task that ended with an exception other than its
     cancellation has it logged, so a shutdown does not hide a crash.
     """
+    tasks = list(tasks)  # read twice below: an iterator would be empty the second time
     pending = {task for task in tasks if not task.done()}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
