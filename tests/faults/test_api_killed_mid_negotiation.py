@@ -33,9 +33,11 @@ import nats.errors
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from api.db import make_engine
+from api.models import utcnow
+from api.services.capacity_events import publish_capacity_changes
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.server import NatsServer
 from harmonaize.desired_state import DESIRED_STATE_BUCKET, HostAssignment, host_key
@@ -172,6 +174,10 @@ async def test_killed_inside_the_accept_transaction_nothing_is_half_applied(
         negotiation_id = await open_scale_to_four(api, tenant)
         await eventually(lambda: _delivered(url, negotiation_id), timeout=15, what="the offer's rows delivered")
         await assert_agree(url, tenant_broker, negotiation_id, BEFORE)
+        # the sweeper must have nothing to write while the outbox is locked: a capacity event it queued then would
+        # hold the job's row (its capacity digest) while waiting for our lock, and the accept would wait behind it
+        await bring_capacity_views_up_to_date(url, provider_secret)
+        await eventually(lambda: _outbox_drained(url), timeout=15, what="every outbox row delivered")
 
         locker = await asyncpg.connect(dsn)
         await locker.execute("BEGIN; LOCK TABLE outbox IN EXCLUSIVE MODE")  # reads go on; inserts wait
@@ -263,6 +269,26 @@ async def _undelivered_rows(db: AsyncConnection) -> list[tuple[str, str]]:
     return [(str(topic).lower(), subject) for topic, subject in rows
             if not (str(topic).lower() == "tenant_event"
                     and parse_tenant_event_subject(subject).kind is EventKind.CAPACITY)]
+
+
+async def bring_capacity_views_up_to_date(url: str, secret: bytes) -> None:
+    """Queue every capacity event the sweeper would queue now, as it would (its guarded update decides a race with
+    it): afterwards its ticks find every job's view unchanged and write nothing, until the ledger changes."""
+    engine = make_engine(url, single_use=True)
+    try:
+        async with AsyncSession(engine) as session:
+            await publish_capacity_changes(session, secret=secret, now=utcnow())
+    finally:
+        await engine.dispose()
+
+
+async def _outbox_drained(url: str) -> bool:
+    engine = make_engine(url, single_use=True)
+    try:
+        async with engine.connect() as db:
+            return not (await db.execute(text("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL"))).scalar_one()
+    finally:
+        await engine.dispose()
 
 
 async def _delivered(url: str, negotiation_id: str) -> bool:
