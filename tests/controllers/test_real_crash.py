@@ -6,8 +6,10 @@ own durable consumer and state dir. The victim is killed mid-stream; events keep
 process resumes from the consumer's ack point and its SQLite record of handled ids.
 
 What is asserted, precisely: every event's outcome is recorded exactly once by both; every event published while the
-victim was dead ran exactly once; at most one event (the one whose handler was running at the kill) ran twice, and its
-outcome was still recorded once; the final recorded state of victim and reference is identical.
+victim was dead ran exactly once; only the last two events the victim ran before the kill may have run twice (the one
+whose handler was running, and the one before it when the kill came before the group commit that records it: a lane
+moves on to its next event in the turn of the event loop that ends with that commit), and their outcomes were still
+recorded once; the final recorded state of victim and reference is identical.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ async def test_a_controller_killed_mid_stream_and_restarted_ends_like_one_that_n
 
         await eventually(lambda: victim.run_count() >= 10, timeout=20, what="victim handling events")
         victim.stop(signal.SIGKILL)  # mid-stream: it still has events to go
-        killed_after = set(victim.run_ids())
+        ran_before_kill = victim.run_ids()
+        killed_after = set(ran_before_kill)
         assert len(killed_after) < 30, "the kill happened while events were still flowing"
         for event in events[30:60]:
             await cloud.publish(event)
@@ -114,7 +117,9 @@ async def test_a_controller_killed_mid_stream_and_restarted_ends_like_one_that_n
     missed = {e.id for e in events[30:]} | ({e.id for e in events[:30]} - killed_after)
     assert all(victim_runs[event_id] == 1 for event_id in missed), "every event missed while dead ran exactly once"
     rerun = [event_id for event_id, count in victim_runs.items() if count > 1]
-    assert len(rerun) <= 1, f"only the handler running at the kill may have run again, got {rerun}"
+    assert set(rerun) <= set(ran_before_kill[-2:]), (
+        f"only the handler running at the kill, and the one before it if its record was not yet committed, may have "
+        f"run again; got {rerun}, the last run before the kill being {ran_before_kill[-3:]}")
     assert victim.records() == reference.records()
     assert len(victim.records()["outcomes"]) == 90
     assert victim.records()["newest_g"] == 50 + 89
