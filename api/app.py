@@ -34,6 +34,7 @@ from api.services.outbox_relay import OutboxRelay
 from api.services.relay_leadership import RelayLeadership
 from api.services.sweeper import run_sweeper
 from api.services.tenants import TenantRegistry
+from api.services.token_cache import TokenCache
 from api.shared_buckets import SharedBuckets
 from broker_config.accounts import TenantBroker
 from broker_config.provider_bus import ProviderBus
@@ -69,12 +70,13 @@ def create_app(
     The bus belongs to the caller (who closes it); the app only publishes through it while running.
     """
     secret = _pseudonym_secret(settings)
-    registry = TenantRegistry(broker)
+    token_cache = TokenCache(settings.api_token_cache_s)
+    registry = TenantRegistry(broker, on_revoked=token_cache.forget_tenant)
     runtime = NegotiationRuntime.resolve(negotiation or NegotiationOptions())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.resolved_database_url)
+        engine = make_engine(settings.resolved_database_url, ping_after_idle_s=settings.database_ping_after_idle_s)
         tasks: list[asyncio.Task[None]] = []
         app.state.event_feed = TenantEventFeed(settings.nats_url.split(","), provider_secret=secret)
         try:
@@ -117,6 +119,7 @@ def create_app(
     app.state.registry = registry
     app.state.broker = broker
     app.state.pseudonym_secret = secret
+    app.state.token_cache = token_cache
     app.state.negotiation = runtime
     app.state.relay = None
     install_error_handlers(app)

@@ -15,21 +15,25 @@ SQLite is configured for one process serving concurrent requests:
   thread (`api.sqlite_driver`): a hand-off there costs more CPU than the statements themselves.
 
 PostgreSQL (`postgresql+asyncpg://...` in HZ_DATABASE_URL) gets an ordinary connection pool, whose connections are
-pinged before use, so one that died with a database restart is replaced instead of failing a request. The ping is
-one `SELECT 1` (`ping_postgresql`): SQLAlchemy's own for asyncpg wraps its query in BEGIN and ROLLBACK, three round
-trips before every request's first statement.
+pinged before use when they sat idle, so one that died with a database restart is replaced instead of failing a
+request. The ping is one `SELECT 1` (`ping_postgresql`): SQLAlchemy's own for asyncpg wraps its query in BEGIN and
+ROLLBACK, three round trips. A connection back in the pool for less than `ping_after_idle_s` is handed out unpinged
+(`_ping_when_idle`): under load every connection is reused within milliseconds and a ping per request was a tenth of
+a negotiation's round trips; a server that died in that window fails the requests then in flight, which a ping
+could not have saved either, and the pool replaces the connection on that failure.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import Executable, event
 from sqlalchemy.engine import URL, CursorResult, Result, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InvalidatePoolError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.util import await_
@@ -40,6 +44,8 @@ _log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 POSTGRES_POOL_SIZE = 16
+PING_AFTER_IDLE_S = 0.5
+"""A pooled PostgreSQL connection idle for at least this long is pinged before it is handed out."""
 
 
 def is_sqlite(url: str | URL) -> bool:
@@ -71,12 +77,17 @@ def _install_sqlite_pragmas(engine: AsyncEngine, *, foreign_keys: bool) -> None:
         connection.exec_driver_sql("BEGIN")
 
 
-def make_engine(url: str | URL, *, single_use: bool = False, foreign_keys: bool = True) -> AsyncEngine:
+def make_engine(
+    url: str | URL, *, single_use: bool = False, foreign_keys: bool = True,
+    ping_after_idle_s: float = PING_AFTER_IDLE_S,
+) -> AsyncEngine:
     """An async engine for `url`, tuned for its backend.
 
     `single_use` (migrations, one-shot CLI commands) skips pooling so nothing stays connected afterwards: PostgreSQL
     refuses to drop or copy a database that still has connections. `foreign_keys=False` is for SQLite batch
     migrations, which recreate tables and would otherwise trip (or cascade through) foreign keys mid-migration.
+    `ping_after_idle_s` (PostgreSQL's pool): how long a connection may sit idle and still be handed out unpinged;
+    0 pings at every checkout.
     """
     parsed = make_url(url)
     options: dict[str, Any] = {}
@@ -92,11 +103,41 @@ def make_engine(url: str | URL, *, single_use: bool = False, foreign_keys: bool 
         _install_sqlite_pragmas(engine, foreign_keys=foreign_keys)
         return engine
     if not single_use:
-        options.update(pool_size=POSTGRES_POOL_SIZE, max_overflow=0, pool_pre_ping=True)
+        options.update(pool_size=POSTGRES_POOL_SIZE, max_overflow=0)
     engine = create_async_engine(parsed, **options)
     if parsed.get_driver_name() == "asyncpg":
         engine.sync_engine.dialect.do_ping = ping_postgresql  # type: ignore[method-assign]
+    if not single_use:
+        _ping_when_idle(engine, after_s=ping_after_idle_s)
     return engine
+
+
+_LAST_USED = "hz_last_used"
+
+
+def _ping_when_idle(engine: AsyncEngine, *, after_s: float) -> None:
+    """The pool's pre-ping, skipped for a connection used less than `after_s` seconds ago.
+
+    What SQLAlchemy's `pool_pre_ping` does, but only where a dead connection is plausible: a failed ping raises
+    `InvalidatePoolError`, upon which the pool discards this connection and every one older than it, and checks out
+    again (a freshly made connection is not pinged).
+    """
+    dialect = engine.sync_engine.dialect
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _made(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_LAST_USED] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _returned(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_LAST_USED] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _handed_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get(_LAST_USED, 0.0) < after_s:
+            return
+        if not dialect.do_ping(dbapi_connection):
+            raise InvalidatePoolError("a pooled connection failed its ping")
 
 
 def ping_postgresql(dbapi_connection: Any) -> bool:

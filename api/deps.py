@@ -27,6 +27,7 @@ from api.log_context import bind
 from api.options import NegotiationRuntime
 from api.services.negotiations import NegotiationContext
 from api.services.tenants import TenantRegistry, TokenHolder, authenticate
+from api.services.token_cache import TokenCache
 from broker_config.accounts import TenantBroker
 from harmonaize.settings import Settings
 
@@ -117,11 +118,20 @@ async def current_tenant(request: Request, credentials: Credentials, session: Se
     """The active tenant the token belongs to; every tenant route reads and writes through its id.
 
     Reads the token and the settings itself rather than through `BearerToken` and `SettingsDep`: every tenant
-    request solves this, and solving dependencies is a sizeable part of FastAPI's own work per request."""
+    request solves this, and solving dependencies is a sizeable part of FastAPI's own work per request. A token
+    verified moments ago is not read again (`api.services.token_cache`)."""
     token, settings = _token(credentials), request.app.state.settings
     if is_admin_token(token, settings):
         raise HTTPException(403, "this route is for tenants: use a tenant's API token, not the admin token")
+    cache: TokenCache = request.app.state.token_cache
+    tenant = cache.get(token)
+    if tenant is not None:
+        bind(tenant=tenant.id)
+        return tenant
+    generation = cache.generation
     tenant = await authenticate(session, token)
+    if tenant is not None:
+        cache.put(token, tenant, generation=generation)
     if tenant is None:
         raise HTTPException(401, "invalid tenant token", headers=_CHALLENGE)
     if tenant.revoked_at is not None:

@@ -46,6 +46,13 @@ class Settings(BaseSettings):
         description="SQLAlchemy async URL. Empty means SQLite at <data_dir>/harmonaize.db. "
         "PostgreSQL: postgresql+asyncpg://user@host:5432/db",
     )
+    database_ping_after_idle_s: float = Field(
+        default=0.5,
+        ge=0,
+        le=3600,
+        description="PostgreSQL: a pooled connection idle at least this long is pinged (SELECT 1) before a request "
+        "gets it, so one a database restart killed is replaced first; 0 pings before every request.",
+    )
     admin_token: SecretStr | None = Field(
         default=None, description="Bearer token for the provider's admin routes (creating tenants, hosts)."
     )
@@ -99,6 +106,14 @@ class Settings(BaseSettings):
         ge=1024,
         le=64 * 1024 * 1024,
         description="Largest request body the API reads; larger ones get 413. The largest real body is ~40 KB.",
+    )
+    api_token_cache_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="Seconds a tenant token, once verified, is trusted without reading the database again. A "
+        "revocation ends it at once on the replica that revoked; other replicas honour it within this time. 0: "
+        "read on every request.",
     )
     negotiation_rate_per_s: float = Field(
         default=20.0,

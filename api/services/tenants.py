@@ -15,6 +15,7 @@ them).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
@@ -88,8 +89,10 @@ async def list_tenants(session: AsyncSession) -> list[Tenant]:
 class TenantRegistry:
     """Creates and revokes tenants, and reconciles the broker with the registry."""
 
-    def __init__(self, broker: TenantBroker) -> None:
+    def __init__(self, broker: TenantBroker, *, on_revoked: Callable[[str], None] = lambda _tenant_id: None) -> None:
         self._broker = broker
+        self._on_revoked = on_revoked
+        """Told a tenant's id once its revocation is committed (the API drops its cached tokens)."""
         self._lock = asyncio.Lock()
 
     async def reconcile(self, session: AsyncSession) -> list[TenantAccount]:
@@ -134,7 +137,10 @@ class TenantRegistry:
                 raise ConflictError(f"tenant {tenant_id!r} is already revoked")
             tenant.revoked_at = utcnow()
             await session.flush()
-            await self._apply_or_roll_back(session, action="the tenant was not revoked")
+            try:
+                await self._apply_or_roll_back(session, action="the tenant was not revoked")
+            finally:
+                self._on_revoked(tenant_id)  # even if it failed: an entry read meanwhile must not survive it
             return tenant
 
     async def _serialise_across_processes(self, session: AsyncSession) -> None:
