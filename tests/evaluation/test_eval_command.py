@@ -34,6 +34,15 @@ def _finite(values: list[Any]) -> list[float]:
     return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
 
+def _diagnosis(out: Path, scenario: dict[str, Any], lines: int = 30) -> str:
+    """The scenario's notes and the end of every log the evaluation kept (`kept_logs`): what a missing value needs."""
+    parts = [f"notes: {note}" for note in scenario["notes"]]
+    for log in sorted((out / "logs").glob("*/*.log")):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.relative_to(out)} (last {len(text)} lines)\n" + "\n".join(text))
+    return "\n".join(parts) or "no notes, no kept logs"
+
+
 def test_quick_eval_writes_report_plots_and_every_metric_for_both_arms(tmp_path: Path) -> None:
     out = tmp_path / "eval"
     done = _eval("--quick", "--out", str(out))
@@ -55,7 +64,8 @@ def test_quick_eval_writes_report_plots_and_every_metric_for_both_arms(tmp_path:
         assert {"status_quo", "cooperative"} <= set(scenario["arms"]), key
         for name, metric in scenario["metrics"].items():
             for arm in ("status_quo", "cooperative"):
-                assert _finite(metric["arms"][arm]["values"]), f"{key}.{name}: no value for {arm}"
+                assert _finite(metric["arms"][arm]["values"]), f"{key}.{name}: no value for {arm}\n" + _diagnosis(
+                    out, scenario)
             expected = metric["arms"]["cooperative"]["mean"] / metric["arms"]["status_quo"]["mean"] \
                 if metric["arms"]["status_quo"]["mean"] else None
             assert metric["ratio"] == pytest.approx(expected), f"{key}.{name}"

@@ -39,6 +39,7 @@ from harmonaize.events import MaintenanceKind
 from harmonaize_cli.evaluation.results import COOPERATIVE, STATUS_QUO, ScenarioResult
 from harmonaize_cli.evaluation.runtime.cloud import EvalContext
 from harmonaize_cli.evaluation.runtime.job_log import LogWatcher, StepLine, first_smoothed_under
+from harmonaize_cli.evaluation.runtime.kept_logs import keep_job_logs
 from harmonaize_cli.evaluation.runtime.reliability_events import CHANNELS, LEAD_SCALE
 from harmonaize_cli.local_cloud.tenant_probe import DEMO_TENANT, inject_scenario
 from provider_agents.telemetry.scenario import MaintenanceSpec, Scenario
@@ -98,6 +99,8 @@ class _Run:
     losses: list[tuple[float, int, float]] = field(default_factory=list)
     """(seconds from the first step, step, logged loss)."""
     events: list[tuple[float, str]] = field(default_factory=list)
+    kept_logs: Path | None = None
+    """Where its logs were kept, for a run that missed the target (`kept_logs`)."""
 
     @property
     def time_to_target_s(self) -> float | None:
@@ -243,6 +246,8 @@ async def _one(ctx: EvalContext, arm: str, repeat: int, shape: Shape) -> _Run:
     finally:
         if controller is not None:
             await ctx.probe.stop_controller(controller)
+        if run.reached_ts is None:  # the cloud's data dir goes with it: keep what explains the miss
+            run.kept_logs = keep_job_logs(ctx.info.data_dir, ctx.out_dir, tenant=DEMO_TENANT, job=run.job)
         await player.quiet()
     _log.info("o1 adaptation: %s reached %s in %s s", run.job, run.reached_step, run.time_to_target_s)
     return run
@@ -289,10 +294,22 @@ async def adaptation_scenario(ctx: EvalContext) -> ScenarioResult:
     result.series = {"runs": [run.as_series() for run in runs], "target": shape.target_loss}
     for run in runs:
         if run.reached_ts is None:
-            result.notes.append(f"{run.job} ({run.arm}) did not reach the target loss within the hard cap.")
+            result.notes.append(_missed(run))
     result.notes.append("Arms alternate their order between repeats; the loss per step is the same in both arms by "
                         "construction (same global batch), so the time to the target is the size's effect.")
     return result
+
+
+def _missed(run: _Run) -> str:
+    """The note for a run that did not reach the target: how far it got, and where its logs are."""
+    if run.losses:
+        seconds, step, loss = run.losses[-1]
+        got = f"its last logged step was {step} at {seconds:g} s (loss {loss:.4f})"
+    else:
+        got = "it logged no step"
+    workers = f", {run.workers[-1][1]} workers then" if run.workers else ""
+    where = f"; its logs: {run.kept_logs}" if run.kept_logs is not None and run.kept_logs.exists() else ""
+    return f"{run.job} ({run.arm}) did not reach the target loss within the hard cap: {got}{workers}{where}."
 
 
 def plot_adaptation(result: ScenarioResult, out_dir: Path) -> list[str]:
