@@ -69,19 +69,24 @@ def accepted_option_of(negotiation: Negotiation) -> OfferOption | None:
     return offer.options[negotiation.accepted_option]
 
 
+def _summary_fields(negotiation: Negotiation) -> dict[str, Any]:
+    """A summary's fields, parsed models where they are models (passed on as they are, not validated again)."""
+    return {
+        "id": negotiation.id,
+        "job": negotiation.job_id,
+        "kind": negotiation.kind,
+        "state": negotiation.state,
+        "round": negotiation.round,
+        "terms": NegotiationTerms.model_validate(negotiation.terms),
+        "offer": offer_of(negotiation),
+        "accepted_option": accepted_option_of(negotiation),
+        "created_at": negotiation.created_at,
+        "updated_at": negotiation.updated_at,
+    }
+
+
 def summary(negotiation: Negotiation) -> NegotiationSummary:
-    return NegotiationSummary(
-        id=negotiation.id,
-        job=negotiation.job_id,
-        kind=negotiation.kind,
-        state=negotiation.state,
-        round=negotiation.round,
-        terms=NegotiationTerms.model_validate(negotiation.terms),
-        offer=offer_of(negotiation),
-        accepted_option=accepted_option_of(negotiation),
-        created_at=negotiation.created_at,
-        updated_at=negotiation.updated_at,
-    )
+    return NegotiationSummary(**_summary_fields(negotiation))
 
 
 def public(record: NegotiationRecord) -> NegotiationPublic:
@@ -98,7 +103,7 @@ def public(record: NegotiationRecord) -> NegotiationPublic:
         )
         for step in record.rounds
     ]
-    return NegotiationPublic(**summary(record.negotiation).model_dump(), rounds=rounds)
+    return NegotiationPublic(**_summary_fields(record.negotiation), rounds=rounds)
 
 
 async def load(session: AsyncSession, *, tenant_id: str, negotiation_id: str) -> Negotiation:
