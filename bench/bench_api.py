@@ -250,10 +250,13 @@ def serve(kind: str, port: int, data_dir: Path, database_url: str, fd: int | Non
     _exit_with_parent()
     app = build_ours(data_dir, database_url) if kind == "ours" else build_baseline(data_dir, database_url)
     # Keep-alive longer than uvicorn's 5 s default: a connection sits idle while the other scenarios of a round run.
-    # `fd`: a socket bound by the parent, shared with the other replicas.
-    config = uvicorn.Config(app, host=HOST, port=port, fd=fd, log_level="warning", access_log=False, lifespan="on",
+    # `fd`: a socket bound by the parent, shared with the other replicas, handed to uvicorn as a socket object of its
+    # real family (as `harmonaize api serve --replicas` does): uvicorn's own `fd=` wraps it as AF_UNIX, so the loop
+    # leaves TCP_NODELAY off on its connections and Nagle's algorithm holds every response ~40 ms.
+    config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", access_log=False, lifespan="on",
                             timeout_keep_alive=120, loop=event_loop_choice())
-    uvicorn.Server(config).run()
+    sockets = None if fd is None else [socket.socket(fileno=fd)]
+    uvicorn.Server(config).run(sockets=sockets)
     return 0
 
 
