@@ -18,6 +18,17 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError
 
 
+class ManualClock:
+    """A clock of seconds (monotonic or wall, as the code under test takes it) that moves only when a test moves it:
+    `clock.now += 1.5`. Deadlines, windows and rates are tested without sleeping."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def eventually(
     predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 5.0, interval: float = 0.01, what: str = ""
 ) -> float:

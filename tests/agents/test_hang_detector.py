@@ -10,14 +10,7 @@ import pytest
 from harmonaize.job_runtime import NodeLiveness, NodePhase
 from harmonaize.node_failures import NodeFailureReason
 from provider_agents.hang_detector import HangBounds, HangDetector
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import ManualClock
 
 
 def record(**fields: Any) -> NodeLiveness:
@@ -28,7 +21,7 @@ def record(**fields: Any) -> NodeLiveness:
     return NodeLiveness(**{**values, **fields})
 
 
-def run(detector: HangDetector, clock: Clock, seconds: float, make: Any, *, every: float = 0.5) -> list[Any]:
+def run(detector: HangDetector, clock: ManualClock, seconds: float, make: Any, *, every: float = 0.5) -> list[Any]:
     """Observe every `every` s for `seconds`; `make(i)` gives the records of read `i`. Returns the verdicts seen."""
     verdicts = []
     for i in range(round(seconds / every)):
@@ -48,7 +41,7 @@ def test_bounds_are_a_floor_or_a_multiple_of_the_step_time() -> None:
 
 @pytest.mark.parametrize("phase", list(NodePhase))
 def test_a_silent_worker_is_frozen_once_its_beat_is_older_than_the_bound_in_any_phase(phase: NodePhase) -> None:
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     assert detector.observe([record(phase=phase, beats=7)]) is None
     started = clock.now
@@ -60,7 +53,7 @@ def test_a_silent_worker_is_frozen_once_its_beat_is_older_than_the_bound_in_any_
 
 
 def test_the_frozen_bound_grows_with_a_slow_jobs_step_time() -> None:
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     slow = {"beats": 3, "step_time_s": 4.0, "phase": NodePhase.STEP}
     detector.observe([record(**slow)])
@@ -73,13 +66,13 @@ def test_the_frozen_bound_grows_with_a_slow_jobs_step_time() -> None:
 )
 def test_a_beating_worker_that_waits_is_never_stalled(phase: NodePhase) -> None:
     """A worker blocked on a frozen peer (in a collective, a checkpoint, a rendezvous) keeps beating: not hung."""
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     assert run(detector, clock, 600.0, lambda i: [record(phase=phase, beats=i + 1)]) == []
 
 
 def test_a_worker_stuck_in_its_own_code_is_stalled_after_the_bound() -> None:
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     verdicts = run(detector, clock, 70.0, lambda i: [record(beats=i + 1, step_time_s=0.2)])
     first_at, verdict = verdicts[0]
@@ -93,7 +86,7 @@ def test_a_worker_stuck_in_its_own_code_is_stalled_after_the_bound() -> None:
 
 
 def test_steps_and_phase_changes_keep_a_worker_from_stalling() -> None:
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     stepping = run(detector, clock, 300.0, lambda i: [record(beats=i + 1, step=10 + i // 100)])
     assert stepping == [], "a step every 50 s is slow, not stalled"
@@ -102,7 +95,7 @@ def test_steps_and_phase_changes_keep_a_worker_from_stalling() -> None:
 
 
 def test_a_restarted_worker_is_timed_afresh_and_a_gone_one_forgotten() -> None:
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     run(detector, clock, 4.0, lambda i: [record(beats=1)])
     assert detector.observe([record(beats=1, pid=5000)]) is None, "a new pid (torchrun restarted the worker)"
@@ -113,7 +106,7 @@ def test_a_restarted_worker_is_timed_afresh_and_a_gone_one_forgotten() -> None:
 
 def test_a_paused_reader_sees_fresh_beats_not_a_silence() -> None:
     """The agent itself stalled for 30 s (its own clock jumped): the beats moved meanwhile, so nobody is frozen."""
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     detector.observe([record(beats=1, phase=NodePhase.STEP)])
     clock.now += 30.0
@@ -121,7 +114,7 @@ def test_a_paused_reader_sees_fresh_beats_not_a_silence() -> None:
 
 
 def test_one_frozen_worker_among_beating_ones_is_named() -> None:
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
 
     def node(i: int) -> list[NodeLiveness]:
@@ -137,7 +130,7 @@ def test_one_frozen_worker_among_beating_ones_is_named() -> None:
 
 
 def test_a_worker_seen_stopped_is_frozen_after_the_short_bound_and_a_continue_resets_it() -> None:
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     beating = iter(range(100, 1000))
     assert detector.observe([record(beats=next(beating))], stopped={4242}) is None  # first sight: timing starts
@@ -158,7 +151,7 @@ def test_a_worker_seen_stopped_is_frozen_after_the_short_bound_and_a_continue_re
 def test_a_beating_worker_whose_step_stands_still_is_waiting_after_the_peer_wait_bound_but_not_hung() -> None:
     """Waiting is no verdict (the fleet monitor weighs it against a silent host of the job), only a short signal:
     max(0.5 s, 5 step times) without a step while the worker still beats; a step or a silence ends it."""
-    clock = Clock()
+    clock = ManualClock(1000)
     detector = HangDetector(clock=clock)
     assert HangBounds().waiting_after(None) == 0.5 and HangBounds().waiting_after(0.2) == 1.0
     stepping = [detector.observe([record(beats=i, step=i, step_time_s=0.05, phase=NodePhase.STEP)]) for i in range(5)]

@@ -22,23 +22,14 @@ from api.services.token_cache import TokenCache
 from harmonaize.settings import Settings
 from tests.api.api_memory_broker import InMemoryBroker
 from tests.api.api_testkit import ADMIN, TenantHandle
+from tests.support import ManualClock
 
 ACME = TokenHolder(id="acme", revoked_at=None)
 GLOBEX = TokenHolder(id="globex", revoked_at=None)
 
 
-class Ticks:
-    """A monotonic clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_an_entry_lasts_the_window_and_no_longer() -> None:
-    ticks = Ticks()
+    ticks = ManualClock()
     cache = TokenCache(1.0, clock=ticks)
     assert cache.get("t-acme") is None
     cache.put("t-acme", ACME, generation=cache.generation)
@@ -52,7 +43,7 @@ def test_an_entry_lasts_the_window_and_no_longer() -> None:
 
 
 def test_only_active_tenants_are_cached_and_the_plaintext_is_not_kept() -> None:
-    cache = TokenCache(60.0, clock=Ticks())
+    cache = TokenCache(60.0, clock=ManualClock())
     cache.put("t-revoked", TokenHolder(id="acme", revoked_at=datetime(2026, 1, 1, tzinfo=UTC)),
               generation=cache.generation)
     assert cache.get("t-revoked") is None
@@ -61,7 +52,7 @@ def test_only_active_tenants_are_cached_and_the_plaintext_is_not_kept() -> None:
 
 
 def test_forgetting_a_tenant_drops_its_tokens_and_refuses_answers_read_before() -> None:
-    cache = TokenCache(60.0, clock=Ticks())
+    cache = TokenCache(60.0, clock=ManualClock())
     cache.put("t-acme", ACME, generation=cache.generation)
     cache.put("t-globex", GLOBEX, generation=cache.generation)
     read_before = cache.generation  # a request read acme's row (still active) ...
@@ -72,7 +63,7 @@ def test_forgetting_a_tenant_drops_its_tokens_and_refuses_answers_read_before() 
 
 
 def test_the_size_is_bounded_oldest_first_and_zero_turns_it_off() -> None:
-    cache = TokenCache(60.0, max_entries=3, clock=Ticks())
+    cache = TokenCache(60.0, max_entries=3, clock=ManualClock())
     for n in range(5):
         cache.put(f"t-{n}", TokenHolder(id=f"tenant-{n}", revoked_at=None), generation=cache.generation)
     assert len(cache) == 3
@@ -96,7 +87,7 @@ async def replica(settings: Settings, cache: TokenCache | None = None) -> AsyncI
 async def test_a_revocation_ends_a_cached_token_at_once_here_and_within_the_window_on_another_replica(
     client: httpx.AsyncClient, migrated_settings: Settings, acme: TenantHandle,
 ) -> None:
-    ticks = Ticks()
+    ticks = ManualClock()
     async with replica(migrated_settings, TokenCache(1.0, clock=ticks)) as other:
         assert (await client.get("/v1/tenant", headers=acme.headers)).status_code == 200  # cached here
         assert (await other.get("/v1/tenant", headers=acme.headers)).status_code == 200  # and there

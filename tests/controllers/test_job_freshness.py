@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tenant_controllers.job import Job
+from tests.support import ManualClock
 
 
 class GatedApi:
@@ -39,14 +40,6 @@ class GatedApi:
             gate.set()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def until(condition: Any, what: str) -> None:
     async with asyncio.timeout(5):
         while not condition():
@@ -59,11 +52,11 @@ def api() -> GatedApi:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
-async def loaded(api: GatedApi, clock: Clock) -> Job:
+async def loaded(api: GatedApi, clock: ManualClock) -> Job:
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
     first = asyncio.create_task(job.ensure_fresh(1.0))
     await until(lambda: api.reads == 1, "first read")
@@ -73,7 +66,7 @@ async def loaded(api: GatedApi, clock: Clock) -> Job:
     return job
 
 
-async def test_a_view_younger_than_max_age_is_served_without_a_read(api: GatedApi, clock: Clock) -> None:
+async def test_a_view_younger_than_max_age_is_served_without_a_read(api: GatedApi, clock: ManualClock) -> None:
     job = await loaded(api, clock)
     clock.now += 0.9
     await job.ensure_fresh(1.0)
@@ -81,7 +74,9 @@ async def test_a_view_younger_than_max_age_is_served_without_a_read(api: GatedAp
     await job.aclose()
 
 
-async def test_a_stale_view_is_served_at_once_and_replaced_by_a_background_read(api: GatedApi, clock: Clock) -> None:
+async def test_a_stale_view_is_served_at_once_and_replaced_by_a_background_read(
+    api: GatedApi, clock: ManualClock
+) -> None:
     job = await loaded(api, clock)
     api.workers = 3  # changed at the provider
     clock.now += 1.5  # older than max_age, younger than twice it
@@ -99,7 +94,7 @@ async def test_a_stale_view_is_served_at_once_and_replaced_by_a_background_read(
     await job.aclose()
 
 
-async def test_a_view_older_than_twice_max_age_is_reread_before_the_handler(api: GatedApi, clock: Clock) -> None:
+async def test_a_view_older_than_twice_max_age_is_reread_before_the_handler(api: GatedApi, clock: ManualClock) -> None:
     job = await loaded(api, clock)
     api.workers = 4
     clock.now += 2.5
@@ -113,7 +108,7 @@ async def test_a_view_older_than_twice_max_age_is_reread_before_the_handler(api:
 
 
 async def test_up_to_the_stale_limit_a_quiet_jobs_view_is_served_while_it_is_reread(
-    api: GatedApi, clock: Clock
+    api: GatedApi, clock: ManualClock
 ) -> None:
     """The runtime's limit (a minute) is wider than twice max_age: after a quiet spell, the events that wake the
     controller do not all queue behind a blocking read; past the limit they do."""
@@ -136,7 +131,7 @@ async def test_up_to_the_stale_limit_a_quiet_jobs_view_is_served_while_it_is_rer
     await job.aclose()
 
 
-async def test_a_background_read_started_before_our_negotiation_is_discarded(api: GatedApi, clock: Clock) -> None:
+async def test_a_background_read_started_before_our_negotiation_is_discarded(api: GatedApi, clock: ManualClock) -> None:
     job = await loaded(api, clock)
     clock.now += 1.5
     await job.ensure_fresh(1.0)  # background read #2 starts, answering workers=2
@@ -154,7 +149,7 @@ async def test_a_background_read_started_before_our_negotiation_is_discarded(api
     await job.aclose()
 
 
-async def test_stopping_cancels_a_background_read_in_flight(api: GatedApi, clock: Clock) -> None:
+async def test_stopping_cancels_a_background_read_in_flight(api: GatedApi, clock: ManualClock) -> None:
     job = await loaded(api, clock)
     clock.now += 1.5
     await job.ensure_fresh(1.0)
@@ -186,7 +181,7 @@ def joins(monkeypatch: pytest.MonkeyPatch) -> JoinWatch:
 
 
 async def handler_joining_the_start_up_read(
-    api: GatedApi, clock: Clock, joins: JoinWatch
+    api: GatedApi, clock: ManualClock, joins: JoinWatch
 ) -> tuple[Job, asyncio.Task[Job]]:
     """A job whose start-up read is held at the gate, and a handler waiting on that read."""
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
@@ -197,7 +192,7 @@ async def handler_joining_the_start_up_read(
 
 
 async def test_a_handler_with_no_view_joins_the_start_up_read_instead_of_starting_another(
-    api: GatedApi, clock: Clock, joins: JoinWatch
+    api: GatedApi, clock: ManualClock, joins: JoinWatch
 ) -> None:
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
     job.prefetch()  # what the runtime does as it starts
@@ -224,7 +219,7 @@ class FailingFirstRead(GatedApi):
         return answer
 
 
-async def test_when_the_read_it_joined_fails_the_handler_reads_for_itself(clock: Clock, joins: JoinWatch) -> None:
+async def test_when_the_read_it_joined_fails_the_handler_reads_for_itself(clock: ManualClock, joins: JoinWatch) -> None:
     api = FailingFirstRead()
     job, waiting = await handler_joining_the_start_up_read(api, clock, joins)
     api.workers = 5
@@ -236,7 +231,7 @@ async def test_when_the_read_it_joined_fails_the_handler_reads_for_itself(clock:
     await job.aclose()
 
 
-async def test_a_failed_start_up_read_leaves_the_handler_to_read_for_itself(clock: Clock) -> None:
+async def test_a_failed_start_up_read_leaves_the_handler_to_read_for_itself(clock: ManualClock) -> None:
     api = FailingFirstRead()
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
     job.prefetch()
@@ -252,7 +247,7 @@ async def test_a_failed_start_up_read_leaves_the_handler_to_read_for_itself(cloc
     await job.aclose()
 
 
-async def test_a_read_under_way_from_before_a_change_is_not_joined(api: GatedApi, clock: Clock) -> None:
+async def test_a_read_under_way_from_before_a_change_is_not_joined(api: GatedApi, clock: ManualClock) -> None:
     job = Job("j1", api=api, clock=clock)  # type: ignore[arg-type]
     job.prefetch()
     await until(lambda: api.reads == 1, "the start-up read")
@@ -267,7 +262,7 @@ async def test_a_read_under_way_from_before_a_change_is_not_joined(api: GatedApi
 
 
 async def test_a_change_while_the_handler_waits_on_a_joined_read_makes_it_read_again(
-    api: GatedApi, clock: Clock, joins: JoinWatch
+    api: GatedApi, clock: ManualClock, joins: JoinWatch
 ) -> None:
     job, waiting = await handler_joining_the_start_up_read(api, clock, joins)
     job.invalidate()  # e.g. another lane's handler negotiated meanwhile
@@ -280,7 +275,7 @@ async def test_a_change_while_the_handler_waits_on_a_joined_read_makes_it_read_a
     await job.aclose()
 
 
-async def test_a_background_read_too_old_to_serve_is_not_joined(api: GatedApi, clock: Clock) -> None:
+async def test_a_background_read_too_old_to_serve_is_not_joined(api: GatedApi, clock: ManualClock) -> None:
     job = await loaded(api, clock)
     clock.now += 1.5
     await job.ensure_fresh(1.0, stale_limit=60.0)  # starts a background read, which hangs
@@ -295,7 +290,7 @@ async def test_a_background_read_too_old_to_serve_is_not_joined(api: GatedApi, c
 
 
 async def test_a_cancelled_handler_does_not_cancel_the_read_it_joined(
-    api: GatedApi, clock: Clock, joins: JoinWatch
+    api: GatedApi, clock: ManualClock, joins: JoinWatch
 ) -> None:
     job, waiting = await handler_joining_the_start_up_read(api, clock, joins)
     waiting.cancel()

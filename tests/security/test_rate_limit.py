@@ -14,6 +14,7 @@ from harmonaize.settings import Settings
 from tests.api.api_testkit import create_host, create_job, create_tenant
 from tests.api.negotiation_kit import act, negotiate
 from tests.security.security_kit import serving
+from tests.support import ManualClock
 
 BURST = 3
 RATE = 0.01
@@ -69,16 +70,8 @@ async def test_the_limit_can_be_turned_off(migrated_settings: Settings) -> None:
             await negotiate(client, acme, "train", key=f"k{n}", desired_workers=0)
 
 
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_token_buckets_refill_at_the_rate_up_to_the_burst() -> None:
-    clock = ManualClock()
+    clock = ManualClock(1000)
     buckets = TokenBuckets(rate_per_s=2.0, burst=2, clock=clock)
     assert [buckets.take("acme") for _ in range(2)] == [0.0, 0.0]
     assert buckets.take("acme") == pytest.approx(0.5)

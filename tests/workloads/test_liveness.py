@@ -20,6 +20,7 @@ import torch.distributed as dist
 from harmonaize.job_runtime import NodeLiveness, NodePhase, liveness_path, read_model
 from harmonaize.node_failures import NodeFailureReason
 from provider_agents.hang_detector import HangBounds, HangDetector
+from tests.support import ManualClock
 from tests.workloads.harness import WIDE_RANGES, JobDirs
 from workloads.examples.mlp import make_loss_fn, make_model
 from workloads.liveness import LivenessBeacon
@@ -40,16 +41,8 @@ def wait_until(probe: Callable[[], T | None], *, timeout: float, what: str, inte
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_beat_carries_step_phase_and_the_median_step_time(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(50)
     beacon = LivenessBeacon(tmp_path, tenant="acme", job="train", epoch=4, local_rank=1, clock=clock)
     beacon.stepped(7)  # resumed at step 7
     for gap in (1.0, 3.0, 2.0):

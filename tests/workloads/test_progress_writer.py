@@ -16,15 +16,8 @@ from harmonaize.job_runtime import (
     read_model,
 )
 from harmonaize.jobs import Compression, ParallelPlan
+from tests.support import ManualClock
 from workloads.progress import MIN_INTERVAL_S, ProgressReporter, ThroughputMeter
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fields(step: int) -> dict[str, Any]:
@@ -36,7 +29,7 @@ def fields(step: int) -> dict[str, Any]:
 
 
 def test_writes_are_throttled_unless_forced(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     reporter = ProgressReporter(tmp_path, tenant="acme", job="j", epoch=1, enabled=True, clock=clock)
     assert reporter.report(force=False, **fields(1))
     clock.now += MIN_INTERVAL_S / 2
@@ -72,7 +65,7 @@ def test_a_diverged_loss_is_reported_as_unknown(tmp_path: Path, loss: float) -> 
 
 
 def test_throughput_over_recent_steps() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     meter = ThroughputMeter(window=4, clock=clock)
     assert meter.samples_per_s() is None
     for _ in range(10):
