@@ -130,12 +130,11 @@ async def current_tenant(request: Request, credentials: Credentials, session: Se
         return tenant
     generation = cache.generation
     tenant = await authenticate(session, token)
-    if tenant is not None:
-        cache.put(token, tenant, generation=generation)
     if tenant is None:
         raise HTTPException(401, "invalid tenant token", headers=_CHALLENGE)
     if tenant.revoked_at is not None:
         raise HTTPException(401, "this tenant has been revoked", headers=_CHALLENGE)
+    cache.put(token, tenant, generation=generation)
     bind(tenant=tenant.id)
     return tenant
 
