@@ -166,6 +166,25 @@ async def load_for_change(
     return Opened(NegotiationRecord(negotiation=negotiation, rounds=rounds), job=job, warm=bool(warm_rows))
 
 
+_JOB_AGAIN = (
+    select(Job)
+    .where(Job.tenant_id == bindparam("tenant_id"), Job.id == bindparam("job_id"))
+    .options(with_expression(Job.left_hosts_recently, left_recently()))
+    .execution_options(populate_existing=True)
+)
+"""Built once: every accept on PostgreSQL reads its job again once it holds the ledger lock."""
+
+
+async def read_job_again(session: AsyncSession, job: Job, *, quarantine_since: datetime) -> Job:
+    """`job` as it is now, read as `load_for_change` read it (whether it left a host since `quarantine_since`
+    included); NotFoundError if it is gone. For a caller that read it before waiting for the ledger lock."""
+    params = {"tenant_id": job.tenant_id, "job_id": job.id, "quarantine_since": quarantine_since}
+    again = await session.scalar(_JOB_AGAIN, params)
+    if again is None:
+        raise NotFoundError("job not found")
+    return again
+
+
 _FOR_OPEN = (
     select(IdempotencyKey, Job)
     .select_from(Tenant)

@@ -58,6 +58,7 @@ from api.services.negotiation_store import (
     offer_of,
     public,
     queue_opened,
+    read_job_again,
 )
 from api.services.standby import stand_by, stand_down
 from api.services.worker_replacement import QUARANTINE, avoided_hosts, resolve
@@ -328,7 +329,6 @@ async def accept(
     """
     now = ctx.now
     try:
-        await lock_ledger(session)
         opened, job = await _load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.ACCEPT, now=now
         )
@@ -338,7 +338,11 @@ async def accept(
         if option >= len(offer.options):
             raise InvalidRequestError(f"option {option} does not exist: the offer has {len(offer.options)} option(s)")
         chosen = offer.options[option]
+        # the negotiation's own part first, outside the ledger lock: its version guards it (`load_for_change`)
         await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option)
+        await _append(session, record, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
+        if await lock_ledger(session):  # the job may have changed while it waited
+            job = await read_job_again(session, job, quarantine_since=now - QUARANTINE)
         hosts: set[str] = set()
         secret, expires_at = ctx.pseudonym_secret, offer.expires_at
         if chosen.replaced_hosts and chosen.workers is not None:
@@ -363,8 +367,7 @@ async def accept(
         # the warm joiners' hosts: the accept's own placement makes the ones it uses members, the rest stop
         hosts |= await _stand_down(session, opened)
         await write_host_assignments(session, hosts, now=now)
-        await _append(session, record, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
-        announce(session, negotiation, now=now)
+        announce(session, negotiation, now=now)  # after the hosts' desired states, in the outbox's order
         return await _finish(session, record)
     except BaseException:
         await session.rollback()

@@ -10,12 +10,14 @@ import asyncio
 
 import httpx
 from fastapi import FastAPI
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from api.models import Host, Negotiation
+from api.services.ledger_lock import lock_ledger
 from harmonaize.negotiation import NegotiationState
 from tests.api.api_testkit import ADMIN, TenantHandle, create_host, create_job
 from tests.api.negotiation_kit import ledger_totals, negotiate
+from tests.support import eventually
 
 JOBS = 50
 HOSTS = [("h-a1", 4, "rack-a"), ("h-a2", 4, "rack-a"), ("h-b1", 2, "rack-b")]
@@ -65,6 +67,45 @@ async def test_two_accepts_of_one_offer_cannot_both_win(
     assert statuses == [200] + [409] * 5, statuses
     assert {r.json()["reason"] for r in responses if r.status_code == 409} == {"negotiation is accepted: cannot accept"}
     assert await ledger_totals(app) == (2, 2, 2)
+
+
+async def test_two_offers_of_one_job_accepted_together_both_apply_to_the_job_as_it_then_is(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle
+) -> None:
+    """An accept reads its job before it waits for the ledger lock; one that waited behind another accept of the same
+    job must carry out its target on the job as that one left it (an offer's size is absolute), not fail on, or
+    apply a delta to, the size it read. On PostgreSQL the lock is held from outside until both accepts wait for it,
+    so both have read the job at one worker; SQLite runs them one after the other."""
+    await create_host(client, "h1", gpus=8, group="rack-a")
+    await create_job(client, acme, "train", max_workers=4, initial_workers=1)
+    to_three = await negotiate(client, acme, "train", key="three", desired_workers=3)
+    to_two = await negotiate(client, acme, "train", key="two", desired_workers=2)
+    assert to_three["state"] == to_two["state"] == "offered"
+
+    async with app.state.sessionmaker() as holder:
+        waiting = await lock_ledger(holder)
+        accepts = [
+            asyncio.create_task(client.post(f"/v1/negotiations/{offer['id']}/accept", json={"option": 0},
+                                            headers=acme.headers))
+            for offer in (to_three, to_two)
+        ]
+        if waiting:
+            async def both_wait() -> bool:
+                async with app.state.sessionmaker() as session:
+                    waiters = await session.scalar(text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    ))
+                return waiters == 2
+
+            await eventually(both_wait, timeout=20, what="both accepts waiting for the ledger lock")
+        await holder.rollback()
+        responses = await asyncio.gather(*accepts)
+
+    assert [response.status_code for response in responses] == [200, 200], [r.text for r in responses]
+    job = (await client.get("/v1/jobs/train", headers=acme.headers)).json()
+    assert job["desired_workers"] in (2, 3)
+    assert await ledger_totals(app) == (job["desired_workers"],) * 3
 
 
 async def test_the_job_cap_holds_under_concurrent_admin_allocations(
