@@ -272,14 +272,16 @@ async def write_host_assignments(
     *,
     now: datetime,
     restart: RestartMode = RestartMode.GRACEFUL,
+    job: tuple[str, str] | None = None,
 ) -> list[HostAssignment]:
     """Bump each host's generation and queue its recomputed assignment; no commit (the caller's transaction).
 
     Jobs whose node set or plan changed get a new epoch first (`restart` says how their nodes move to it), and
-    every host of such a job is rewritten too.
+    every host of such a job is rewritten too. `job` (tenant, id): the only job whose allocations or plan changed,
+    when the caller knows it (`placement_epochs.renew_epochs`).
     """
     hosts = set(host_ids)
-    hosts |= await renew_epochs(session, hosts, now=now, restart=restart)
+    hosts |= await renew_epochs(session, hosts, now=now, restart=restart, job=job)
     if not hosts:
         return []
     bumps: dict[str, Row[Any]] = {}

@@ -366,7 +366,7 @@ async def accept(
             hosts |= await queue_approval(session, negotiation, job, now=now)
         # the warm joiners' hosts: the accept's own placement makes the ones it uses members, the rest stop
         hosts |= await _stand_down(session, opened)
-        await write_host_assignments(session, hosts, now=now)
+        await write_host_assignments(session, hosts, now=now, job=(job.tenant_id, job.id))
         announce(session, negotiation, now=now)  # after the hosts' desired states, in the outbox's order
         return await _finish(session, record)
     except BaseException:

@@ -12,14 +12,27 @@ placement read here is current; the phase, which progress reports move without t
 from __future__ import annotations
 
 from datetime import datetime
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import ColumnElement, Table, Update, and_, bindparam, func, or_, select, union, update
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    Select,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    func,
+    or_,
+    select,
+    union,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import execute_core
-from api.models import Allocation, Job
+from api.models import Allocation, Host, Job
 from api.services.job_lifecycle import JobEvent, epoch_event, phase_after
 from harmonaize.desired_state import RestartMode
 from harmonaize.jobs import ParallelPlan
@@ -53,21 +66,40 @@ _CANDIDATES = union(
 """`renew_epochs`' candidates: the jobs with a live allocation on `hosts` or one released at `now` or later. Two
 selects rather than one with OR: each is a seek on (host_id, released_at), where the OR made SQLite walk every
 allocation the hosts ever had."""
-_CANDIDATES_SUBQUERY = _CANDIDATES.subquery("candidates")
-_CANDIDATE_PLACEMENTS = (
-    select(_J.tenant_id, _J.id, _J.gpus_per_worker, _J.parallel_plan, _J.placement, _A.host_id, func.sum(_A.gpus))
-    .select_from(
-        _CANDIDATES_SUBQUERY
-        .join(Job.__table__, (_J.tenant_id == _CANDIDATES_SUBQUERY.c.tenant_id)
-              & (_J.id == _CANDIDATES_SUBQUERY.c.job_id))
-        .outerjoin(Allocation.__table__, (_A.tenant_id == _J.tenant_id) & (_A.job_id == _J.id) & and_(*EFFECTIVE))
-    )
-    .group_by(_J.tenant_id, _J.id, _A.host_id)
-    .order_by(_J.tenant_id, _J.id, _A.host_id)
+_H = Host.__table__.c
+_JOB_OR_STARTED = union(
+    select(bindparam("tenant", type_=_J.tenant_id.type), bindparam("job", type_=_J.id.type)),
+    select(_A.tenant_id, _A.job_id)
+    .join(Host.__table__, _H.id == _A.host_id)
+    .where(
+        _A.host_id.in_(bindparam("hosts", expanding=True)), _A.released_at.is_(None),
+        _A.starts_at <= bindparam("now"), or_(_H.assigned_at.is_(None), _A.starts_at > _H.assigned_at),
+    ),
 )
-"""Every candidate job with its GPUs per host now, one row per (job, host), or one with no host for a job placed
-nowhere now. Joined from the candidates, so each job's allocations are reached by a seek on (tenant, job, release
-time): a row-value `IN (subquery)` made SQLite scan the whole table."""
+"""`renew_epochs`' candidates when the caller names the one job it changed: that job, and any job whose reservation
+on `hosts` started since the host's assignment was last written (which the rewrite about to happen would otherwise
+mark as announced: `host_assignments.announce_due_reservations`)."""
+
+
+def _placements_of(candidates: CompoundSelect[tuple[str, str]]) -> Select[Any]:
+    """Every candidate job with its GPUs per host now, one row per (job, host), or one with no host for a job placed
+    nowhere now. Joined from the candidates, so each job's allocations are reached by a seek on (tenant, job, release
+    time): a row-value `IN (subquery)` made SQLite scan the whole table."""
+    keys = candidates.subquery("candidates")
+    tenant_id, job_id = keys.c
+    return (
+        select(_J.tenant_id, _J.id, _J.gpus_per_worker, _J.parallel_plan, _J.placement, _A.host_id, func.sum(_A.gpus))
+        .select_from(
+            keys
+            .join(Job.__table__, (_J.tenant_id == tenant_id) & (_J.id == job_id))
+            .outerjoin(Allocation.__table__, (_A.tenant_id == _J.tenant_id) & (_A.job_id == _J.id) & and_(*EFFECTIVE))
+        )
+        .group_by(_J.tenant_id, _J.id, _A.host_id)
+        .order_by(_J.tenant_id, _J.id, _A.host_id)
+    )
+
+
+_CANDIDATE_PLACEMENTS, _JOB_PLACEMENTS = _placements_of(_CANDIDATES), _placements_of(_JOB_OR_STARTED)
 
 
 class _Candidate(NamedTuple):
@@ -81,11 +113,12 @@ class _Candidate(NamedTuple):
     gpus_by_host: dict[str, int]
 
 
-async def _candidates(session: AsyncSession, params: dict[str, object]) -> list[_Candidate]:
-    """The candidate jobs with their GPUs per host now (one statement: `_CANDIDATE_PLACEMENTS`)."""
+async def _candidates(session: AsyncSession, params: dict[str, object], *, one_job: bool) -> list[_Candidate]:
+    """The candidate jobs with their GPUs per host now (one statement: `_CANDIDATE_PLACEMENTS`, or `_JOB_PLACEMENTS`
+    for `one_job`)."""
     jobs: dict[tuple[str, str], _Candidate] = {}
     for tenant_id, job_id, gpus_per_worker, plan, stored, host_id, gpus in await execute_core(
-        session, _CANDIDATE_PLACEMENTS, params
+        session, _JOB_PLACEMENTS if one_job else _CANDIDATE_PLACEMENTS, params
     ):
         job = jobs.setdefault((tenant_id, job_id), _Candidate(tenant_id, job_id, gpus_per_worker, plan, stored, {}))
         if host_id is not None:
@@ -100,21 +133,30 @@ def _placement(gpus_per_worker: int, plan: ParallelPlan, gpus_by_host: dict[str,
 
 
 async def renew_epochs(
-    session: AsyncSession, host_ids: set[str], *, now: datetime, restart: RestartMode
+    session: AsyncSession, host_ids: set[str], *, now: datetime, restart: RestartMode,
+    job: tuple[str, str] | None = None,
 ) -> set[str]:
     """Bump the epoch of every job whose node set or plan changed on `host_ids`; returns every host those jobs use(d).
 
     Candidates are the jobs with a live allocation on these hosts or one released in this transaction (released at
     `now`, the timestamp every release path of the caller's transaction uses). A job whose hosts change must be
     rewritten on *all* its hosts, old and new: each node's rendezvous is sized by the job's node count.
+
+    `job` (tenant, id): the only job whose allocations or plan the transaction changed, for a caller that knows it
+    (an accept); then only it is compared, with any job whose reservation on `host_ids` started since the host was
+    last written (`_JOB_OR_STARTED`), not every job on them, a cost that grows with the hosts' jobs.
     """
     if not host_ids:
         return set()
     params: dict[str, object] = {"hosts": list(host_ids), "now": now}
+    if job is not None:
+        params.update(tenant=job[0], job=job[1])
     # the jobs' columns only: hydrating every job on the hosts as an object was about a quarter of an accept's CPU,
     # and a changed one is written by one UPDATE rather than read again, locked, and flushed
     touched: set[str] = set()
-    for tenant_id, job_id, gpus_per_worker, plan, stored, gpus_by_host in await _candidates(session, params):
+    for tenant_id, job_id, gpus_per_worker, plan, stored, gpus_by_host in await _candidates(
+        session, params, one_job=job is not None
+    ):
         placement = _placement(gpus_per_worker, plan, gpus_by_host)
         if placement == stored:
             continue

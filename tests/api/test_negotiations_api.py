@@ -262,6 +262,38 @@ async def test_scale_down_repartition_and_a_later_start(
     assert await sweep_once(app.state.sessionmaker, now=clock()) == 0, "announced once"
 
 
+async def test_an_accept_on_a_host_announces_another_jobs_reservation_that_started_there(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """An accept compares only its own job's placement (plus started reservations), not every job on the hosts it
+    rewrites: a reservation of another job on such a host that has started since the host was last written must
+    get its new epoch in that rewrite, since the sweeper then sees the host as written after the start."""
+    await create_host(client, "a1", gpus=8, group="rack-a")
+    await create_job(client, acme, "big", min_workers=1, max_workers=4, gpus_per_worker=2, initial_workers=1)
+    await create_job(client, acme, "small", min_workers=1, max_workers=2, gpus_per_worker=2, initial_workers=1)
+    later = await negotiate(client, acme, "big", key="later", kind="defer", desired_workers=2,
+                            constraints={"deadline": "2026-03-02T12:00:00Z"})
+    (option,) = later["offer"]["options"]
+    assert option["start_at"] is not None
+    assert (await act(client, acme, later["id"], RoundAction.ACCEPT)).status_code == 200
+
+    def big_on_a1() -> Any:
+        return next(job for job in written[-1].jobs if job.job == "big")
+
+    written = [HostAssignment.model_validate_json(r.payload) for r in await outbox(app, OutboxTopic.DESIRED_STATE)]
+    before = big_on_a1()
+    assert before.workers == 1, "the reserved worker is not announced before its start"
+
+    clock.now = datetime.fromisoformat(option["start_at"])  # started; the sweeper has not run
+    grow = await negotiate(client, acme, "small", key="small", desired_workers=2)  # on a1 already: no warm joiner
+    assert (await act(client, acme, grow["id"], RoundAction.ACCEPT)).status_code == 200
+    written = [HostAssignment.model_validate_json(r.payload) for r in await outbox(app, OutboxTopic.DESIRED_STATE)]
+    assert written[-1].host == "a1" and {job.job for job in written[-1].jobs} == {"big", "small"}
+    after = big_on_a1()
+    assert (after.workers, after.epoch) == (2, before.epoch + 1), "the started reservation joins big's next epoch"
+    assert await sweep_once(app.state.sessionmaker, now=clock()) == 0, "nothing left for the sweeper to announce"
+
+
 async def test_history_filters_and_cursor_pages(
     client: httpx.AsyncClient, demo: TenantHandle, clock: FakeClock
 ) -> None:
