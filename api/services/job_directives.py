@@ -19,8 +19,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Job, JobDirective
+from api.services.assigned_jobs import job_directives, job_ranges
 from api.services.errors import NotFoundError
-from api.services.host_assignments import job_directives, job_hosts, job_ranges, write_host_assignments
+from api.services.host_assignments import job_hosts, write_host_assignments
 from api.services.outbox import enqueue_tenant_event
 from harmonaize.events.directive import DirectiveUpdate
 from harmonaize.job_runtime import Directives, violations

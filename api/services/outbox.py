@@ -57,12 +57,17 @@ def enqueue_tenant_event(session: AsyncSession, *, tenant_id: str, job_id: str, 
     queue_insert(session, _OUTBOX, tenant_event_row(tenant_id=tenant_id, job_id=job_id, data=data, now=now))
 
 
-def enqueue_desired_state(session: AsyncSession, assignment: HostAssignment, *, now: datetime) -> None:
-    """Queue a host's complete assignment (level-triggered: the agent converges to it, whatever it saw before)."""
+def enqueue_desired_state(
+    session: AsyncSession, assignment: HostAssignment, *, now: datetime, payload: bytes | None = None
+) -> None:
+    """Queue a host's complete assignment (level-triggered: the agent converges to it, whatever it saw before).
+
+    `payload`: the assignment's JSON, when the caller has it already (`api.services.assigned_jobs`).
+    """
     queue_insert(session, _OUTBOX, {
         "topic": OutboxTopic.DESIRED_STATE,
         "subject": host_key(assignment.host),
-        "payload": assignment.model_dump_json().encode(),
+        "payload": assignment.model_dump_json().encode() if payload is None else payload,
         "msg_id": uuid7(),
         "created_at": now,
         "attempts": 0,
