@@ -256,6 +256,10 @@ def serve(kind: str, port: int, data_dir: Path, database_url: str, fd: int | Non
     config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", access_log=False, lifespan="on",
                             timeout_keep_alive=120, loop=event_loop_choice())
     sockets = None if fd is None else [socket.socket(fileno=fd)]
+    if kind == "ours":
+        from harmonaize.heap import freeze_startup_heap
+
+        freeze_startup_heap()  # as `harmonaize api serve` does once started
     uvicorn.Server(config).run(sockets=sockets)
     return 0
 

@@ -155,6 +155,7 @@ async def _serve(
     from broker_config.provisioner import reload_by_pid_file
     from broker_config.reload import SystemAccountReload
     from broker_config.render import ACCOUNTS_FILE
+    from harmonaize.heap import freeze_startup_heap
 
     if not settings.database_url:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +185,7 @@ async def _serve(
                                       listener=listener)
         except ApiStartError:
             return False
+        freeze_startup_heap()  # this process is ours: full GC passes over the start-up heap stall every request
         await serving.task
         return True
     finally:
