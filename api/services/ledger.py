@@ -30,9 +30,11 @@ from typing import cast
 
 from sqlalchemy import Integer, Select, Table, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from api.db import execute_core, rows_matched
 from api.models import Allocation, Host, Job, utcnow
+from api.models_quarantines import left_recently
 from api.services import ledger_rows
 from api.services.errors import (
     ConflictError,
@@ -72,6 +74,21 @@ _CHANGE_WORKERS = (
     .values(desired_workers=_J.desired_workers + _DELTA, allocated_gpus=_J.allocated_gpus + _DELTA * _J.gpus_per_worker)
 )
 _CHANGE_WORKERS_FROM = _CHANGE_WORKERS.where(_J.desired_workers == bindparam("expected"))
+_CHANGE_WORKERS_READING = (
+    update(Job)
+    .where(
+        Job.tenant_id == bindparam("tenant"),
+        Job.id == bindparam("job"),
+        Job.desired_workers == bindparam("expected"),
+        Job.desired_workers + _DELTA <= Job.max_workers,
+        Job.desired_workers + _DELTA >= 0,
+    )
+    .values(
+        desired_workers=Job.desired_workers + _DELTA, allocated_gpus=Job.allocated_gpus + _DELTA * Job.gpus_per_worker
+    )
+    .returning(Job, left_recently().label("left_recently"))
+    .execution_options(populate_existing=True, synchronize_session=False)
+)
 
 
 async def change_job_workers(
@@ -95,6 +112,25 @@ async def change_job_workers(
             if current != expected_workers:
                 raise ConflictError(f"job {job.id!r} changed meanwhile (now {current} workers): ask again")
         raise JobLimitError(f"job {job.id!r} may have at most {job.max_workers} workers")
+
+
+async def change_job_workers_reading(
+    session: AsyncSession, job: Job, workers: int, *, expected_workers: int, quarantine_since: datetime
+) -> bool:
+    """`change_job_workers` with `expected_workers`, for a `job` read before the caller waited for the ledger lock:
+    the same statement returns the job's row as it is now, which refreshes `job` (whether it left a host since
+    `quarantine_since` included), so the update doubles as the read again. False, with nothing changed, when the
+    update did not apply (the job changed meanwhile, or the limits refuse): read the job again and decide anew.
+    """
+    params = {
+        "tenant": job.tenant_id, "job": job.id, "delta": workers, "expected": expected_workers,
+        "quarantine_since": quarantine_since,
+    }
+    row = (await session.execute(_CHANGE_WORKERS_READING, params)).first()
+    if row is None:
+        return False
+    set_committed_value(job, "left_hosts_recently", bool(row[1]))
+    return True
 
 
 async def place_workers(

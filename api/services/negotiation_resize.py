@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Job
 from api.services.errors import InsufficientCapacityError
-from api.services.ledger import change_job_workers, place_workers, release_workers
+from api.services.ledger import change_job_workers, change_job_workers_reading, place_workers, release_workers
+from api.services.negotiation_store import read_job_again
 from api.services.worker_replacement import avoided_hosts, move_workers, quarantine, resolve
 
 __all__ = ["replace", "resize"]
@@ -22,11 +23,25 @@ __all__ = ["replace", "resize"]
 
 async def resize(
     session: AsyncSession, job: Job, workers: int, *, now: datetime, starts_at: datetime | None, secret: bytes,
-    expires_at: datetime,
+    expires_at: datetime, read_again: datetime | None = None,
 ) -> set[str]:
-    """Bring `job` to `workers` (the hosts touched); placed workers start at `starts_at` (None: now)."""
+    """Bring `job` to `workers` (the hosts touched); placed workers start at `starts_at` (None: now).
+
+    `read_again`: the quarantine's start, when `job` was read before the caller waited for the ledger lock
+    (PostgreSQL): the update of its counters then refreshes it too (`change_job_workers_reading`), and if the job
+    changed meanwhile it is read anew and the size decided on what it is now (the target is absolute).
+    """
     delta = workers - job.desired_workers
-    await change_job_workers(session, job, delta, expected_workers=job.desired_workers)
+    if read_again is not None:
+        if not await change_job_workers_reading(session, job, delta, expected_workers=job.desired_workers,
+                                                quarantine_since=read_again):
+            job = await read_job_again(session, job, quarantine_since=read_again)
+            if workers == job.desired_workers:
+                return set()
+            return await resize(session, job, workers, now=now, starts_at=starts_at, secret=secret,
+                                expires_at=expires_at)
+    else:
+        await change_job_workers(session, job, delta, expected_workers=job.desired_workers)
     if delta < 0:
         return await release_workers(session, job, -delta, now=now)
     avoid = await avoided_hosts(session, job, secret=secret, now=now)

@@ -341,8 +341,12 @@ async def accept(
         # the negotiation's own part first, outside the ledger lock: its version guards it (`load_for_change`)
         await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option)
         await _append(session, record, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
-        if await lock_ledger(session):  # the job may have changed while it waited
-            job = await read_job_again(session, job, quarantine_since=now - QUARANTINE)
+        # the job may have changed while the accept waited for the lock (PostgreSQL): read it again, unless the
+        # option resizes it, whose counters' update reads it again in the same statement (`resize`'s `read_again`)
+        read_again = now - QUARANTINE if await lock_ledger(session) else None
+        resizes = not chosen.replaced_hosts and chosen.workers not in (None, job.desired_workers)
+        if read_again is not None and not resizes:
+            job, read_again = await read_job_again(session, job, quarantine_since=read_again), None
         hosts: set[str] = set()
         secret, expires_at = ctx.pseudonym_secret, offer.expires_at
         if chosen.replaced_hosts and chosen.workers is not None:
@@ -352,7 +356,8 @@ async def accept(
         elif chosen.workers is not None and chosen.workers != job.desired_workers:
             starts_at = chosen.start_at if chosen.start_at is not None and chosen.start_at > now else None
             hosts |= await resize(
-                session, job, chosen.workers, now=now, starts_at=starts_at, secret=secret, expires_at=expires_at
+                session, job, chosen.workers, now=now, starts_at=starts_at, secret=secret, expires_at=expires_at,
+                read_again=read_again,
             )
         if chosen.parallel_plan is not None and chosen.parallel_plan is not job.parallel_plan:
             await session.execute(

@@ -13,9 +13,12 @@ from fastapi import FastAPI
 from sqlalchemy import func, select, text
 
 from api.models import Host, Negotiation
+from api.models_quarantines import JobHostQuarantine
+from api.services.ledger import list_placements
 from api.services.ledger_lock import lock_ledger
 from harmonaize.negotiation import NegotiationState
-from tests.api.api_testkit import ADMIN, TenantHandle, create_host, create_job
+from harmonaize.pseudonyms import host_pseudonym
+from tests.api.api_testkit import ADMIN, PROVIDER_SECRET, FakeClock, TenantHandle, create_host, create_job
 from tests.api.negotiation_kit import ledger_totals, negotiate
 from tests.support import eventually
 
@@ -89,16 +92,8 @@ async def test_two_offers_of_one_job_accepted_together_both_apply_to_the_job_as_
                                             headers=acme.headers))
             for offer in (to_three, to_two)
         ]
-        if waiting:
-            async def both_wait() -> bool:
-                async with app.state.sessionmaker() as session:
-                    waiters = await session.scalar(text(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                    ))
-                return (waiters or 0) >= 2  # the sweeper may wait too
-
-            await eventually(both_wait, timeout=20, what="both accepts waiting for the ledger lock")
+        if waiting:  # the sweeper may wait too: at least two
+            await eventually(lambda: _lock_waiters(app, 2), timeout=20, what="both accepts waiting for the ledger lock")
         await holder.rollback()
         responses = await asyncio.gather(*accepts)
 
@@ -106,6 +101,54 @@ async def test_two_offers_of_one_job_accepted_together_both_apply_to_the_job_as_
     job = (await client.get("/v1/jobs/train", headers=acme.headers)).json()
     assert job["desired_workers"] in (2, 3)
     assert await ledger_totals(app) == (job["desired_workers"],) * 3
+
+
+async def test_an_accept_that_waited_while_its_job_was_kept_off_a_host_places_nothing_there(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """What changed about a job while its accept waited for the ledger lock counts, not only its size: here another
+    transaction keeps the job off the host it runs on (as an accepted replacement does) while the accept of a grow
+    waits behind it. Read before the wait, the job had left no host, so the new worker would join it on that host; on
+    PostgreSQL the update of the job's counters reads it again (`ledger.change_job_workers_reading`)."""
+    await create_host(client, "h1", gpus=8, group="rack-a")
+    await create_job(client, acme, "train", max_workers=4, initial_workers=1)
+    await create_host(client, "h2", gpus=8, group="rack-a")
+    assert await hosts_of(app, "train") == ["h1"]
+    grow = await negotiate(client, acme, "train", key="grow", desired_workers=2)
+    assert grow["state"] == "offered"
+
+    async with app.state.sessionmaker() as holder:
+        waiting = await lock_ledger(holder)
+        holder.add(JobHostQuarantine(
+            tenant_id=acme.id, job_id="train", host_name=host_pseudonym(PROVIDER_SECRET.encode(), acme.id, "h1"),
+            left_at=clock.now,
+        ))
+        await holder.flush()
+        accept = asyncio.create_task(
+            client.post(f"/v1/negotiations/{grow['id']}/accept", json={"option": 0}, headers=acme.headers)
+        )
+        if waiting:
+            await eventually(lambda: _lock_waiters(app, 1), timeout=20, what="the accept waiting for the ledger lock")
+        await holder.commit()
+        response = await accept
+
+    assert response.status_code == 200, response.text
+    assert await hosts_of(app, "train") == ["h1", "h2"], "the new worker stays off the host the job was kept off"
+
+
+async def hosts_of(app: FastAPI, job: str) -> list[str]:
+    """The internal hosts of the job's live allocations (one entry per allocation), sorted."""
+    async with app.state.sessionmaker() as session:
+        return sorted(p.allocation.host_id for p in await list_placements(session, tenant_id="acme", job_id=job))
+
+
+async def _lock_waiters(app: FastAPI, at_least: int) -> bool:
+    async with app.state.sessionmaker() as session:
+        waiters = await session.scalar(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ))
+    return (waiters or 0) >= at_least
 
 
 async def test_the_job_cap_holds_under_concurrent_admin_allocations(
