@@ -82,7 +82,7 @@ async def _compute(
             entry(job, workers=workers, approvals=approvals.get((job[0], job[1]), ()))
             for job, workers in placed.get(host_id, [])
         ]
-        keys = {(job[0], job[1]) for job, _ in placed.get(host_id, [])}
+        keys = {(e.job.tenant, e.job.job) for e in entries}
         warm = [job for job in standby.get(host_id, []) if (job.tenant, job.job) not in keys]
         assignment = HostAssignment(
             host=host_id, locality_group=group, generation=generation, jobs=tuple(e.job for e in entries),

@@ -63,29 +63,21 @@ class Placement:
 _HOSTS, _JOBS, _ALLOCATIONS = (cast("Table", model.__table__) for model in (Host, Job, Allocation))
 _H, _J, _A = _HOSTS.c, _JOBS.c, _ALLOCATIONS.c
 _DELTA = bindparam("delta", type_=Integer())
-_CHANGE_WORKERS = (
-    update(_JOBS)
-    .where(
-        _J.tenant_id == bindparam("tenant"),
-        _J.id == bindparam("job"),
-        _J.desired_workers + _DELTA <= _J.max_workers,
-        _J.desired_workers + _DELTA >= 0,
-    )
-    .values(desired_workers=_J.desired_workers + _DELTA, allocated_gpus=_J.allocated_gpus + _DELTA * _J.gpus_per_worker)
+_WORKERS_WITHIN_LIMITS = (
+    _J.tenant_id == bindparam("tenant"),
+    _J.id == bindparam("job"),
+    _J.desired_workers + _DELTA <= _J.max_workers,
+    _J.desired_workers + _DELTA >= 0,
 )
+_WORKERS_MOVED = {
+    "desired_workers": _J.desired_workers + _DELTA, "allocated_gpus": _J.allocated_gpus + _DELTA * _J.gpus_per_worker,
+}
+_CHANGE_WORKERS = update(_JOBS).where(*_WORKERS_WITHIN_LIMITS).values(_WORKERS_MOVED)
 _CHANGE_WORKERS_FROM = _CHANGE_WORKERS.where(_J.desired_workers == bindparam("expected"))
-_CHANGE_WORKERS_READING = (
+_CHANGE_WORKERS_READING = (  # the same update on the mapped class, so that it can return the job as an object
     update(Job)
-    .where(
-        Job.tenant_id == bindparam("tenant"),
-        Job.id == bindparam("job"),
-        Job.desired_workers == bindparam("expected"),
-        Job.desired_workers + _DELTA <= Job.max_workers,
-        Job.desired_workers + _DELTA >= 0,
-    )
-    .values(
-        desired_workers=Job.desired_workers + _DELTA, allocated_gpus=Job.allocated_gpus + _DELTA * Job.gpus_per_worker
-    )
+    .where(*_WORKERS_WITHIN_LIMITS, _J.desired_workers == bindparam("expected"))
+    .values(_WORKERS_MOVED)
     .returning(Job, left_recently().label("left_recently"))
     .execution_options(populate_existing=True, synchronize_session=False)
 )
