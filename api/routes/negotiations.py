@@ -14,6 +14,7 @@ from pydantic import StringConstraints
 
 from api.deps import CurrentTenant, NegotiationContextDep, SessionDep, WakeRelayDep
 from api.schemas import AcceptBody, CloseBody
+from api.services import negotiation_accept
 from api.services import negotiations as service
 from api.services.negotiation_history import MAX_PAGE, HistoryFilter, get_negotiation, list_negotiations
 from api.services.negotiation_store import public, summary
@@ -96,7 +97,7 @@ async def accept(
     wake: WakeRelayDep,
 ) -> NegotiationPublic:
     """Take one option of the current offer; 409 (nothing changed) if its capacity is gone or the offer expired."""
-    record = await service.accept(
+    record = await negotiation_accept.accept(
         session, tenant_id=tenant.id, negotiation_id=negotiation_id, option=body.option, ctx=ctx
     )
     wake()

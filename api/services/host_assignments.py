@@ -33,7 +33,7 @@ from api.models import Allocation, Host, Job, Negotiation
 from api.models_standby import StandbyNode
 from api.services.approval_commands import ANY_OPEN, APPROVAL_TTL, open_approvals
 from api.services.assigned_jobs import ASSIGNED_COLUMNS, assignment_payload, entry
-from api.services.ledger_lock import lock_ledger
+from api.services.ledger_lock import hold_hosts, lock_ledger
 from api.services.outbox import enqueue_desired_state
 from api.services.placement_epochs import EFFECTIVE, placement_hosts, renew_epochs
 from harmonaize.desired_state import AssignedJob, HostAssignment, RestartMode
@@ -168,6 +168,7 @@ async def write_host_assignments(
     hosts |= await renew_epochs(session, hosts, now=now, restart=restart, job=job)
     if not hosts:
         return []
+    await hold_hosts(session, hosts)
     bumps: dict[str, Row[Any]] = {}
     ordered = sorted(hosts)
     params = {"now": now, "approvals_since": now - APPROVAL_TTL, "hosts": ordered}

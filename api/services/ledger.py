@@ -44,8 +44,8 @@ from api.services.errors import (
     NotFoundError,
 )
 from api.services.host_assignments import write_host_assignments
-from api.services.ledger_hosts import HostSnapshot, host_preference
-from api.services.ledger_lock import lock_ledger
+from api.services.ledger_hosts import HostRoom, HostSnapshot, host_preference, host_snapshot
+from api.services.ledger_lock import hold_hosts, lock_ledger
 from harmonaize.timeids import uuid7
 
 PLACEMENT_ROUNDS = 3
@@ -143,7 +143,13 @@ async def place_workers(
     placed: list[Placement] = []
     per_worker = job.gpus_per_worker
     for _ in range(PLACEMENT_ROUNDS):
-        for host_id, group, _free in await host_preference(session, job, exclude_hosts):
+        snapshot = await host_snapshot(session, job)
+        ranked = await host_preference(session, job, exclude_hosts, snapshot=snapshot)
+        # the ledger held shared: the job's hosts and the ones the workers should go to, locked in one go before any
+        # is written (`ledger_lock`); a host reached only after losing a race is locked when it is reached
+        await hold_hosts(session, set(snapshot.usage) | set(_fill(ranked, count - len(placed), per_worker)))
+        for host_id, group, _free in ranked:
+            await hold_hosts(session, (host_id,))
             while len(placed) < count:
                 allocation = Allocation(
                     id=new_allocation_id(),
@@ -165,16 +171,22 @@ async def place_workers(
     )
 
 
+def _fill(ranked: list[HostRoom], count: int, per_worker: int) -> dict[str, int]:
+    """Workers per host if `count` of them took the hosts of `ranked` (`host_preference`) in turn, as far as they go."""
+    plan: dict[str, int] = {}
+    for host_id, _group, free in ranked:
+        if take := min(count - sum(plan.values()), free // per_worker):
+            plan[host_id] = take
+    return plan
+
+
 async def preview_placement(
     session: AsyncSession, job: Job, count: int, *, exclude_hosts: Collection[str] = (),
     snapshot: HostSnapshot | None = None,
 ) -> dict[str, int] | None:
     """Where `place_workers` would put `count` more workers now (workers per host), reserving nothing; None when
     they do not fit. A guess: the ledger may change before anything is placed."""
-    plan: dict[str, int] = {}
-    for host_id, _group, free in await host_preference(session, job, exclude_hosts, snapshot=snapshot):
-        if take := min(count - sum(plan.values()), free // job.gpus_per_worker):
-            plan[host_id] = take
+    plan = _fill(await host_preference(session, job, exclude_hosts, snapshot=snapshot), count, job.gpus_per_worker)
     return plan if sum(plan.values()) == count else None
 
 
@@ -202,7 +214,9 @@ async def release_workers(session: AsyncSession, job: Job, count: int, *, now: d
     A row holding several workers (an admin allocation) is released whole and its remainder re-inserted on the same
     host, so rows stay an exact record of what was granted when.
     """
-    rows = await session.scalars(_MOST_RECENT_FIRST, {"tenant": job.tenant_id, "job": job.id})
+    rows = (await session.scalars(_MOST_RECENT_FIRST, {"tenant": job.tenant_id, "job": job.id})).all()
+    # the ledger held shared: every host of the job is rewritten (its epoch moves on), so all are locked first
+    await hold_hosts(session, {allocation.host_id for allocation in rows})
     remaining = count * job.gpus_per_worker
     hosts: set[str] = set()
     for allocation in rows:

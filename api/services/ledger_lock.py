@@ -1,32 +1,119 @@
-"""One capacity-ledger writer at a time on PostgreSQL, as SQLite's single writer already guarantees.
+"""Who may write the capacity ledger at once on PostgreSQL: the whole ledger, or one job and the hosts it touches.
 
-Correctness never depends on this lock: every grant is a conditional UPDATE whose rowcount is checked, backed by
-CHECK constraints. The lock prevents deadlocks. A negotiated change touches a negotiation, a job and several hosts,
-in an order set by placement preferences; two such transactions locking the same hosts in different orders would
-deadlock, and PostgreSQL would abort one after a second. Taking a transaction-scoped advisory lock before the first
-host or job row orders them. Before it, a transaction may write only rows that no holder of the lock writes on
-another's behalf: its own negotiation (a counter or a reject changes it first, and takes the lock only if it then
-rewrites hosts for warm joiners) and that negotiation's warm joiners. An accept changes its negotiation and
-queues its round first too, then takes the lock and reads its job again (`lock_ledger` says whether there was a lock
-to wait for, during which the job may have changed). Held until the transaction ends, so the shorter the work after
-it, the more changes per second (`bench/bench_negotiations.py`).
+Correctness never depends on these locks: every grant is a conditional UPDATE whose rowcount is checked, backed by
+CHECK constraints. They prevent deadlocks. A change touches a job and several hosts, in an order set by placement
+preferences; two transactions locking the same rows in different orders would deadlock, and PostgreSQL would abort
+one after a second. So every writer takes a transaction-scoped advisory lock on the ledger first, in one of two modes:
+
+- **The whole ledger** (`lock_ledger`, exclusive): node failures, outages, replacements, maintenance, job creation,
+  the sweeper's due reservations: rare changes that may touch any job and host, in any order.
+- **One job and its hosts** (`share_ledger`, shared with other such writers): an accepted resize or plan change.
+  After the shared lock it writes its own job's row first, then locks the hosts it will write (`hold_hosts`) in one
+  statement, in id order, before writing any of them; it writes no other job's row (`hold_job`). Two such accepts on
+  different hosts run side by side; on a common host the later one waits for the earlier one's commit, holding no
+  row the earlier one needs, so no cycle can form. A writer that finds it needs a host below one it holds (a
+  placement raced and lost its planned host), or another job's row, raises `LedgerOrderError`: the caller rolls back
+  and redoes the change holding the whole ledger, where any order is safe.
+
+Before either lock a transaction may write only rows that no holder writes on another's behalf: its own negotiation
+(an accept changes it and queues its round first, then locks; `lock_ledger` and `share_ledger` say whether there was
+a lock to wait for, during which the job may have changed). Held until the transaction ends, so the shorter the work
+after it, the more changes per second (`bench/bench_negotiations.py`). SQLite has one writer at a time: both are
+no-ops there.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from sqlalchemy import bindparam, event, text
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session, SessionTransaction
+
+__all__ = ["LedgerOrderError", "hold_hosts", "hold_job", "lock_ledger", "share_ledger"]
 
 LEDGER_ADVISORY_LOCK = 0x487A_4C65_6467  # "HzLedg": any constant shared by all API processes
 
+_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:key)")
+_SHARED = text("SELECT pg_advisory_xact_lock_shared(:key)")
+_HOSTS = text(
+    'SELECT id FROM hosts WHERE id IN :hosts ORDER BY id COLLATE "C" FOR NO KEY UPDATE'
+).bindparams(bindparam("hosts", expanding=True))
+"""The hosts' rows locked in code-point order (Python's `sorted`, which `hold_hosts` checks against), as strongly as
+the UPDATEs that follow will: a stronger lock would also hold up inserts of rows that merely refer to a host."""
+
+_HELD = "hz_ledger_share"
+
+
+class LedgerOrderError(Exception):
+    """The change needs a row out of the order `share_ledger` allows: redo it holding the whole ledger."""
+
+
+@dataclass
+class _Share:
+    """What a transaction holding the ledger shared may write: its job, and the hosts locked so far."""
+
+    job: tuple[str, str]
+    hosts: set[str] = field(default_factory=set)
+
+
+def _is_postgresql(session: AsyncSession) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
 
 async def lock_ledger(session: AsyncSession) -> bool:
-    """Wait for the ledger lock; it is released when the session's transaction ends (commit or rollback).
+    """Wait for the whole ledger; it is released when the session's transaction ends (commit or rollback).
 
     True if it waited for one (PostgreSQL): rows read before may have changed meanwhile. False on SQLite, whose
     single pooled connection (`api.db`) already let no other transaction of this process run since the read.
     """
-    if session.get_bind().dialect.name != "postgresql":
+    if not _is_postgresql(session):
         return False
-    await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LEDGER_ADVISORY_LOCK})
+    await session.execute(_EXCLUSIVE, {"key": LEDGER_ADVISORY_LOCK})
     return True
+
+
+async def share_ledger(session: AsyncSession, job: tuple[str, str]) -> bool:
+    """Wait for the ledger in shared mode, to change `job` (tenant, id) and the hosts `hold_hosts` then locks.
+
+    As `lock_ledger`: True on PostgreSQL (rows read before may have changed), False on SQLite (nothing to share).
+    """
+    if not _is_postgresql(session):
+        return False
+    await session.execute(_SHARED, {"key": LEDGER_ADVISORY_LOCK})
+    session.info[_HELD] = _Share(job=job)
+    return True
+
+
+async def hold_hosts(session: AsyncSession, hosts: Collection[str]) -> None:
+    """Lock the rows of `hosts` not yet locked, before writing them; a no-op unless the ledger is held shared.
+
+    LedgerOrderError when one of them sorts before a host already locked: taking it now could close a cycle with a
+    transaction that holds it and waits for ours.
+    """
+    share: _Share | None = session.info.get(_HELD)
+    if share is None:
+        return
+    missing = sorted(set(hosts) - share.hosts)
+    if not missing:
+        return
+    if share.hosts and missing[0] < max(share.hosts):
+        raise LedgerOrderError(f"host {missing[0]!r} sorts before a host this change already holds")
+    await session.execute(_HOSTS, {"hosts": missing})
+    share.hosts.update(missing)
+
+
+def hold_job(session: AsyncSession, job: tuple[str, str]) -> None:
+    """Check that this transaction may write `job`'s row: any job under the whole ledger, only its own when shared
+    (another job's row may be held by a change that waits for one of our hosts)."""
+    share: _Share | None = session.info.get(_HELD)
+    if share is not None and share.job != job:
+        raise LedgerOrderError(f"job {job[1]!r} is not the job this change holds")
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_share(session: Session, transaction: SessionTransaction) -> None:
+    """The locks end with the transaction; so does the record of them (a session outlives its transactions)."""
+    if transaction.parent is None:
+        session.info.pop(_HELD, None)

@@ -1,7 +1,7 @@
 """Maintenance approvals after the accept: queue one for the agents, record what they report, give up in time.
 
-The accept of an `approve_maintenance` negotiation (`negotiations.accept`) calls `queue_approval` in its transaction:
-a `MaintenanceApprovalRow` is written and every host the job runs on gets a new desired state listing it
+The accept of an `approve_maintenance` negotiation (`negotiation_accept.accept`) calls `queue_approval` in its
+transaction: a `MaintenanceApprovalRow` is written and every host the job runs on gets a new desired state listing it
 (`approval_commands`), queued in the outbox with the rest of the accept. The agents holding the notice report back
 (`report_outcome`, `POST /v1/provider/negotiations/{id}/approval`): each report is a provider round in the
 negotiation's history and moves the approval along `approval_lifecycle`'s table; repeated reports are duplicates,

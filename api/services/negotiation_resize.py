@@ -1,6 +1,6 @@
 """Carrying out an accepted option's size: the job's workers placed or released, or moved off the hosts it replaces.
 
-Inside the accept's transaction, under the ledger lock (`negotiations.accept`). New workers never go to a host the
+Inside the accept's transaction, under the ledger lock (`negotiation_accept.accept`). New workers never go to a host the
 job is kept off (`worker_replacement.avoided_hosts`); a release may free any. When the workers no longer fit,
 InsufficientCapacityError says that nothing changed and until when the offer stays open (the caller rolls back).
 """

@@ -1,18 +1,10 @@
-"""Negotiation use cases: open (idempotent), counter, accept, reject, cancel. No FastAPI; each one commits.
+"""Negotiation use cases: open (idempotent), counter, reject, cancel. No FastAPI; each one commits.
 
 The provider's side of every round is the pure policy (`negotiation_policy.decide`), fed with what this module reads
 in the same transaction: the job, the free capacity per host from the ledger, the carbon forecast. Time comes from
 the caller (`NegotiationContext.now`), never from the wall clock, so expiry is testable without sleeping.
 
-Acceptance is one transaction: the guarded state change (two accepts cannot both win), the ledger change for the
-worker delta (scale up: new workers placed near the job's existing ones; scale down: its most recent workers
-released), the job's `desired_workers` / `parallel_plan`, the new desired state of every host touched, the round and
-the tenant's event. An option that replaces hosts (`replaced_hosts`: the tenant's failing hosts) moves the job's
-workers off them in the same transaction (`worker_replacement`), so the job gets a new epoch on the new host set, and
-no later offer or placement for the job uses those hosts for a while (`worker_replacement.QUARANTINE`). If
-capacity has gone meanwhile, everything rolls back and the offer stays open (the tenant can counter); an offer whose
-expiry has passed is marked expired instead and cannot be accepted. The accept of a maintenance approval changes no
-capacity: it queues the approval for the agents of the job's hosts, in their desired state (`maintenance_approvals`).
+Acceptance, the one use case that changes the capacity ledger, is `negotiation_accept`.
 """
 
 from __future__ import annotations
@@ -22,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,12 +21,11 @@ from api.commit_inserts import write_queued
 from api.models import Job, Negotiation
 from api.services import idempotency
 from api.services.carbon_forecast import CarbonForecast
-from api.services.errors import ConflictError, InvalidRequestError, NotFoundError
-from api.services.host_assignments import job_hosts, placed_hosts, write_host_assignments
+from api.services.errors import ConflictError, NotFoundError
+from api.services.host_assignments import placed_hosts, write_host_assignments
 from api.services.idempotency import StoredResponse
 from api.services.ledger_hosts import HostSnapshot, host_snapshot
 from api.services.ledger_lock import lock_ledger
-from api.services.maintenance_approvals import queue_approval
 from api.services.negotiation_lifecycle import InvalidTransitionError, Step, next_status
 from api.services.negotiation_policy import (
     DEFAULT_OFFER_TTL,
@@ -45,7 +35,6 @@ from api.services.negotiation_policy import (
     Regions,
     decide,
 )
-from api.services.negotiation_resize import replace, resize
 from api.services.negotiation_store import (
     NegotiationRecord,
     Opened,
@@ -58,7 +47,6 @@ from api.services.negotiation_store import (
     offer_of,
     public,
     queue_opened,
-    read_job_again,
 )
 from api.services.standby import stand_by, stand_down
 from api.services.worker_replacement import QUARANTINE, avoided_hosts, resolve
@@ -121,7 +109,7 @@ async def _answer(
     return NegotiationState(state), values, note
 
 
-async def _append(session: AsyncSession, record: NegotiationRecord, action: RoundAction, **step: Any) -> None:
+async def append_step(session: AsyncSession, record: NegotiationRecord, action: RoundAction, **step: Any) -> None:
     """Append a step to `record`, numbered after its last one (the rounds as read with the negotiation, exact once
     the change this step records wins `change_state`: `load_for_change`): no `max(seq)` read, no re-read at the end."""
     seq = record.rounds[-1].seq + 1 if record.rounds else 1
@@ -136,7 +124,7 @@ async def _record_answer(
     session: AsyncSession, record: NegotiationRecord, state: NegotiationState, note: str, now: datetime
 ) -> None:
     action = _answer_action(state)
-    await _append(session, record, action, at=now, offer=offer_of(record.negotiation), note=note)
+    await append_step(session, record, action, at=now, offer=offer_of(record.negotiation), note=note)
     announce(session, record.negotiation, now=now)
 
 
@@ -225,7 +213,7 @@ async def open_negotiation(
         raise
 
 
-async def _load_open(
+async def load_open(
     session: AsyncSession, *, tenant_id: str, negotiation_id: str, action: RoundAction, now: datetime
 ) -> tuple[Opened, Job]:
     """The negotiation with its rounds and its job (one read: `load_for_change`), if `action` is allowed now; an
@@ -241,12 +229,12 @@ async def _load_open(
     return opened, opened.job
 
 
-async def _stand_down(session: AsyncSession, opened: Opened) -> set[str]:
+async def stand_down_warm(session: AsyncSession, opened: Opened) -> set[str]:
     """`stand_down`, without a statement when the negotiation had no warm joiners when read."""
     return await stand_down(session, opened.record.negotiation.id) if opened.warm else set()
 
 
-async def _finish(session: AsyncSession, record: NegotiationRecord) -> NegotiationRecord:
+async def finish(session: AsyncSession, record: NegotiationRecord) -> NegotiationRecord:
     await session.commit()
     return record
 
@@ -256,7 +244,7 @@ async def counter(
 ) -> NegotiationRecord:
     """The tenant's new terms; the provider answers in a new round (offered again, or declined)."""
     try:
-        opened, job = await _load_open(
+        opened, job = await load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.COUNTER, now=ctx.now
         )
         record, negotiation = opened.record, opened.record.negotiation
@@ -270,11 +258,11 @@ async def counter(
             session, negotiation, RoundAction.COUNTER, now=ctx.now, state=state, round=round_number,
             terms=terms.model_dump(mode="json"), **values,
         )
-        await _append(session, record, RoundAction.COUNTER, at=ctx.now, terms=terms)
+        await append_step(session, record, RoundAction.COUNTER, at=ctx.now, terms=terms)
         await _record_answer(session, record, state, note, ctx.now)
-        dropped = await _stand_down(session, opened)
+        dropped = await stand_down_warm(session, opened)
         await _warm_joiners(session, negotiation, job, ctx, avoided=avoided, hosts=hosts, dropped=dropped)
-        return await _finish(session, record)
+        return await finish(session, record)
     except BaseException:
         await session.rollback()
         raise
@@ -284,18 +272,18 @@ async def _close(
     session: AsyncSession, *, tenant_id: str, negotiation_id: str, action: RoundAction, note: str | None, now: datetime
 ) -> NegotiationRecord:
     try:
-        opened, _job = await _load_open(
+        opened, _job = await load_open(
             session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=action, now=now
         )
         record, negotiation = opened.record, opened.record.negotiation
         await change_state(session, negotiation, action, now=now)
-        await _append(session, record, action, at=now, note=note)
+        await append_step(session, record, action, at=now, note=note)
         announce(session, negotiation, now=now)
-        standby_hosts = await _stand_down(session, opened)
+        standby_hosts = await stand_down_warm(session, opened)
         if standby_hosts:  # their warm joiners stop: the hosts are rewritten, under the ledger lock
             await lock_ledger(session)
             await write_host_assignments(session, standby_hosts, now=now)
-        return await _finish(session, record)
+        return await finish(session, record)
     except BaseException:
         await session.rollback()
         raise
@@ -319,73 +307,16 @@ async def cancel(
     )
 
 
-async def accept(
-    session: AsyncSession, *, tenant_id: str, negotiation_id: str, option: int, ctx: NegotiationContext
-) -> NegotiationRecord:
-    """Take option `option` of the current offer and carry it out atomically (see the module docstring).
-
-    InvalidTransitionError (409) unless offered (an expired offer is marked expired); InvalidRequestError (422) for
-    an index the offer lacks; InsufficientCapacityError (409) when the workers no longer fit (nothing changes).
-    """
-    now = ctx.now
-    try:
-        opened, job = await _load_open(
-            session, tenant_id=tenant_id, negotiation_id=negotiation_id, action=RoundAction.ACCEPT, now=now
-        )
-        record, negotiation = opened.record, opened.record.negotiation
-        offer = offer_of(negotiation)
-        assert offer is not None, "an offered negotiation has an offer"
-        if option >= len(offer.options):
-            raise InvalidRequestError(f"option {option} does not exist: the offer has {len(offer.options)} option(s)")
-        chosen = offer.options[option]
-        # the negotiation's own part first, outside the ledger lock: its version guards it (`load_for_change`)
-        await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option)
-        await _append(session, record, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
-        # the job may have changed while the accept waited for the lock (PostgreSQL): read it again, unless the
-        # option resizes it, whose counters' update reads it again in the same statement (`resize`'s `read_again`)
-        read_again = now - QUARANTINE if await lock_ledger(session) else None
-        resizes = not chosen.replaced_hosts and chosen.workers not in (None, job.desired_workers)
-        if read_again is not None and not resizes:
-            job, read_again = await read_job_again(session, job, quarantine_since=read_again), None
-        hosts: set[str] = set()
-        secret, expires_at = ctx.pseudonym_secret, offer.expires_at
-        if chosen.replaced_hosts and chosen.workers is not None:
-            hosts |= await replace(
-                session, job, chosen.replaced_hosts, chosen.workers, now=now, secret=secret, expires_at=expires_at
-            )
-        elif chosen.workers is not None and chosen.workers != job.desired_workers:
-            starts_at = chosen.start_at if chosen.start_at is not None and chosen.start_at > now else None
-            hosts |= await resize(
-                session, job, chosen.workers, now=now, starts_at=starts_at, secret=secret, expires_at=expires_at,
-                read_again=read_again,
-            )
-        if chosen.parallel_plan is not None and chosen.parallel_plan is not job.parallel_plan:
-            await session.execute(
-                update(Job)
-                .where(Job.tenant_id == job.tenant_id, Job.id == job.id)
-                .values(parallel_plan=chosen.parallel_plan)
-                .execution_options(synchronize_session=False)
-            )
-            hosts |= await job_hosts(session, tenant_id=job.tenant_id, job_id=job.id)
-        if negotiation.kind is NegotiationKind.APPROVE_MAINTENANCE:
-            hosts |= await queue_approval(session, negotiation, job, now=now)
-        # the warm joiners' hosts: the accept's own placement makes the ones it uses members, the rest stop
-        hosts |= await _stand_down(session, opened)
-        await write_host_assignments(session, hosts, now=now, job=(job.tenant_id, job.id))
-        announce(session, negotiation, now=now)  # after the hosts' desired states, in the outbox's order
-        return await _finish(session, record)
-    except BaseException:
-        await session.rollback()
-        raise
-
-
 __all__ = [
     "InvalidTransitionError",
     "NegotiationContext",
     "NegotiationRecord",
-    "accept",
+    "append_step",
     "cancel",
     "counter",
+    "finish",
+    "load_open",
     "open_negotiation",
     "reject",
+    "stand_down_warm",
 ]

@@ -34,6 +34,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from api.db import execute_core
 from api.models import Allocation, Host, Job
 from api.services.job_lifecycle import JobEvent, epoch_event, phase_after
+from api.services.ledger_lock import hold_job
 from harmonaize.desired_state import RestartMode
 from harmonaize.jobs import ParallelPlan
 
@@ -160,6 +161,7 @@ async def renew_epochs(
         placement = _placement(gpus_per_worker, plan, gpus_by_host)
         if placement == stored:
             continue
+        hold_job(session, (tenant_id, job_id))
         event = epoch_event(workers_placed=bool(placement_hosts(placement)), restart=restart)
         changed = (await execute_core(session, _NEW_EPOCH[event], {
             "tenant": tenant_id, "job": job_id, "new_placement": placement, "restart": restart,

@@ -1,0 +1,192 @@
+"""Accepts on different hosts run side by side on PostgreSQL; on a common host, or out of order, they still serialise.
+
+An accepted resize holds the ledger shared and locks only its job and hosts (`api.services.ledger_lock`). A second
+session stands for an accept caught in the middle (the ledger held shared, a host's row locked, uncommitted): an
+accept on another host must finish meanwhile, one on that host must wait for it. An accept whose planned host is
+taken while it waits, so that its placement moves to a host sorting before one it holds, is redone holding the whole
+ledger and still places its worker. Many accepts at once on jobs spread over several hosts leave the ledger's totals
+equal and each host's last desired state equal to what the ledger holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import select, text
+
+from api.models import Allocation, Job, OutboxTopic
+from api.services import ledger_rows
+from api.services.ledger import change_job_workers, new_allocation_id
+from api.services.ledger_lock import LedgerOrderError, hold_hosts, hold_job, share_ledger
+from harmonaize.desired_state import HostAssignment
+from tests.api.api_testkit import FakeClock, TenantHandle, create_host, create_job
+from tests.api.negotiation_kit import ledger_totals, negotiate, outbox
+from tests.api.test_negotiations_concurrency import hosts_of
+from tests.support import eventually
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """PostgreSQL only: SQLite has one writer at a time, so there is no lock to share."""
+    return str(request.param)
+
+
+async def _row_lock_waiters(app: FastAPI, at_least: int) -> bool:
+    """Whether `at_least` transactions of this database wait for another's row (not for an advisory lock)."""
+    async with app.state.sessionmaker() as session:
+        waiters = await session.scalar(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')"
+        ))
+    return (waiters or 0) >= at_least
+
+
+async def _accept(client: httpx.AsyncClient, tenant: TenantHandle, offer: dict[str, object]) -> httpx.Response:
+    return await client.post(f"/v1/negotiations/{offer['id']}/accept", json={"option": 0}, headers=tenant.headers)
+
+
+async def _grow_offer(client: httpx.AsyncClient, tenant: TenantHandle, job: str, workers: int) -> dict[str, object]:
+    offer = await negotiate(client, tenant, job, key=f"{job}-{workers}", desired_workers=workers)
+    assert offer["state"] == "offered", offer
+    return offer
+
+
+async def _last_assignments(app: FastAPI) -> dict[str, HostAssignment]:
+    """Each host's last queued desired state (the outbox in delivery order), checking generations only grow."""
+    last: dict[str, HostAssignment] = {}
+    for row in await outbox(app, OutboxTopic.DESIRED_STATE):
+        assignment = HostAssignment.model_validate_json(row.payload)
+        if (before := last.get(assignment.host)) is not None:
+            assert assignment.generation > before.generation, (before, assignment)
+        last[assignment.host] = assignment
+    return last
+
+
+async def _ledger_workers(app: FastAPI) -> dict[str, dict[str, int]]:
+    """Workers per host per job, from the live allocations."""
+    async with app.state.sessionmaker() as session:
+        rows = await session.execute(
+            select(Allocation.host_id, Allocation.job_id, Allocation.gpus, Job.gpus_per_worker)
+            .join(Job, (Job.tenant_id == Allocation.tenant_id) & (Job.id == Allocation.job_id))
+            .where(Allocation.released_at.is_(None))
+        )
+        workers: dict[str, Counter[str]] = {}
+        for host, job, gpus, per_worker in rows:
+            workers.setdefault(host, Counter())[job] += gpus // per_worker
+    return {host: dict(jobs) for host, jobs in workers.items()}
+
+
+async def test_an_accept_on_another_host_finishes_while_one_on_its_own_host_waits(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle
+) -> None:
+    await create_host(client, "h1", gpus=8, group="rack-a")
+    await create_host(client, "h2", gpus=8, group="rack-b")
+    await create_job(client, acme, "a", initial_workers=1)
+    await create_job(client, acme, "b", initial_workers=1)
+    assert (await hosts_of(app, "a"), await hosts_of(app, "b")) == (["h1"], ["h2"])
+    grow_a, grow_b = await _grow_offer(client, acme, "a", 2), await _grow_offer(client, acme, "b", 2)
+
+    async with app.state.sessionmaker() as holder:  # an accept of job a, caught between locking h1 and committing
+        assert await share_ledger(holder, ("acme", "a"))
+        await hold_hosts(holder, ["h1"])
+        done_b = await asyncio.wait_for(_accept(client, acme, grow_b), timeout=30)
+        assert done_b.status_code == 200, done_b.text
+        waiting_a = asyncio.create_task(_accept(client, acme, grow_a))
+        await eventually(lambda: _row_lock_waiters(app, 1), timeout=20, what="the accept on h1 waiting for its row")
+        assert not waiting_a.done()
+        await holder.rollback()
+        done_a = await asyncio.wait_for(waiting_a, timeout=30)
+
+    assert done_a.status_code == 200, done_a.text
+    assert (await hosts_of(app, "a"), await hosts_of(app, "b")) == (["h1", "h1"], ["h2", "h2"])
+    assert await ledger_totals(app) == (4, 4, 4)
+    last = await _last_assignments(app)
+    assert {host: [(job.job, job.workers) for job in last[host].jobs] for host in ("h1", "h2")} == {
+        "h1": [("a", 2)], "h2": [("b", 2)],
+    }
+
+
+async def test_an_accept_whose_planned_host_is_taken_while_it_waits_is_redone_holding_the_whole_ledger(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """Job j runs on h3 (full) and would grow onto h2 (its rack); another change takes h2's last GPU while the accept
+    waits for h2's row. Its worker must then go to h1, which sorts before h3, already locked: the accept is redone
+    holding the whole ledger, and records one accept, not two."""
+    await create_host(client, "h3", gpus=1, group="rack-a")
+    await create_job(client, acme, "j", initial_workers=1)
+    await create_job(client, acme, "k")  # no workers yet: the other change gives it h2's GPU
+    await create_host(client, "h2", gpus=1, group="rack-a")
+    await create_host(client, "h1", gpus=8, group="rack-b")
+    grow = await _grow_offer(client, acme, "j", 2)
+
+    async with app.state.sessionmaker() as holder:
+        await share_ledger(holder, ("acme", "k"))
+        k = await holder.get_one(Job, ("acme", "k"))
+        await change_job_workers(holder, k, 1)
+        await hold_hosts(holder, ["h2"])
+        assert await ledger_rows.grant(holder, Allocation(
+            id=new_allocation_id(), tenant_id="acme", job_id="k", host_id="h2", gpus=1, created_at=clock.now,
+            starts_at=None,
+        ))
+        accepting = asyncio.create_task(_accept(client, acme, grow))
+        await eventually(lambda: _row_lock_waiters(app, 1), timeout=20, what="the accept waiting for h2's row")
+        await holder.commit()
+        response = await asyncio.wait_for(accepting, timeout=30)
+
+    assert response.status_code == 200, response.text
+    assert [step["action"] for step in response.json()["rounds"]] == ["request", "offer", "accept"]
+    assert (await hosts_of(app, "j"), await hosts_of(app, "k")) == (["h1", "h3"], ["h2"])
+    assert await ledger_totals(app) == (3, 3, 3)
+
+
+async def test_the_shared_mode_refuses_rows_out_of_its_order(app: FastAPI, client: httpx.AsyncClient) -> None:
+    await create_host(client, "h1", gpus=8, group="rack-a")
+    await create_host(client, "h2", gpus=8, group="rack-a")
+    async with app.state.sessionmaker() as session:
+        await share_ledger(session, ("acme", "a"))
+        await hold_hosts(session, ["h2"])
+        with pytest.raises(LedgerOrderError, match="'h1' sorts before"):
+            await hold_hosts(session, ["h1"])
+        with pytest.raises(LedgerOrderError, match="'b' is not the job"):
+            hold_job(session, ("acme", "b"))
+        hold_job(session, ("acme", "a"))
+        await hold_hosts(session, ["h2"])  # held already: nothing to do
+        await session.rollback()
+        await hold_hosts(session, ["h1"])  # the transaction ended, and with it the shared mode: no lock, no check
+        hold_job(session, ("acme", "b"))
+        await session.rollback()
+
+
+async def test_many_accepts_at_once_over_several_hosts_leave_the_ledger_and_each_host_agreeing(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle
+) -> None:
+    """Grows and shrinks of ten jobs at once, three times over, on four hosts small enough that grown jobs span
+    hosts (so accepts of different jobs meet on common hosts, in both orders)."""
+    for index, group in zip(range(1, 5), itertools.cycle(["rack-a", "rack-b"]), strict=False):
+        await create_host(client, f"h{index}", gpus=5, group=group)
+    jobs = [f"job-{index}" for index in range(10)]
+    for job in jobs:
+        await create_job(client, acme, job, initial_workers=1, max_workers=4)
+
+    for cycle, target in enumerate([3, 1, 2, 1, 3]):
+        offers = []
+        for job in jobs:
+            offer = await negotiate(client, acme, job, key=f"{job}-{cycle}", desired_workers=target)
+            if offer["state"] == "offered":
+                offers.append(offer)
+        responses = await asyncio.gather(*(_accept(client, acme, offer) for offer in offers))
+        refused = [r.json()["reason"] for r in responses if r.status_code != 200]
+        assert all(r.status_code in (200, 409) for r in responses), [r.text for r in responses]
+        assert all("capacity for this option is gone" in reason for reason in refused), refused
+        hosts, rows, placed = await ledger_totals(app)
+        assert hosts == rows == placed <= 20, (cycle, hosts, rows, placed)
+
+    ledger = await _ledger_workers(app)
+    assert sum(len(jobs_on) > 0 for jobs_on in ledger.values()) >= 3, ledger
+    last = await _last_assignments(app)
+    assert {host: {job.job: job.workers for job in last[host].jobs} for host in last if last[host].jobs} == ledger
