@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from importlib import resources
 from itertools import pairwise
 from typing import Protocol
@@ -86,18 +87,25 @@ class TraceReplayForecast:
     def region(self) -> str:
         return self.trace.zone
 
-    @property
+    @cached_property
     def hour(self) -> timedelta:
         """How long one trace hour lasts in real time."""
         return timedelta(hours=1) / self.speedup
 
     def points(self, now: datetime) -> list[CarbonPoint]:
-        values = self.trace.hourly_g_per_kwh
         current = math.floor((now - self.anchor) / self.hour)
-        return [
+        cached: tuple[int, tuple[CarbonPoint, ...]] | None = self.__dict__.get("_points")
+        if cached is None or cached[0] != current:  # every offer asks; the answer changes once per trace hour
+            cached = (current, self._points_from(current))
+            self.__dict__["_points"] = cached
+        return list(cached[1])
+
+    def _points_from(self, current: int) -> tuple[CarbonPoint, ...]:
+        values = self.trace.hourly_g_per_kwh
+        return tuple(
             ((self.anchor + (current + step) * self.hour).astimezone(UTC), values[(current + step) % len(values)])
             for step in range(self.horizon_hours + 1)
-        ]
+        )
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from api.services.errors import (
 )
 from api.services.host_assignments import write_host_assignments
 from api.services.ledger_hosts import HostRoom, HostSnapshot, host_preference, host_snapshot
-from api.services.ledger_lock import hold_hosts, lock_ledger
+from api.services.ledger_lock import held_already, hold_hosts, lock_ledger, locked_hosts_of_job
 from harmonaize.timeids import uuid7
 
 PLACEMENT_ROUNDS = 3
@@ -81,6 +81,9 @@ _CHANGE_WORKERS_READING = (  # the same update on the mapped class, so that it c
     .returning(Job, left_recently().label("left_recently"))
     .execution_options(populate_existing=True, synchronize_session=False)
 )
+_SHRINK_READING = _CHANGE_WORKERS_READING.returning(locked_hosts_of_job().label("locked_hosts"))
+"""For a shrink, whose hosts are the job's own: they are locked by the same statement. Not for a grow, whose new
+hosts, chosen later, may sort before them (`ledger_lock.hold_hosts` then locks all of them at once)."""
 
 
 async def change_job_workers(
@@ -111,17 +114,22 @@ async def change_job_workers_reading(
 ) -> bool:
     """`change_job_workers` with `expected_workers`, for a `job` read before the caller waited for the ledger lock:
     the same statement returns the job's row as it is now, which refreshes `job` (whether it left a host since
-    `quarantine_since` included), so the update doubles as the read again. False, with nothing changed, when the
-    update did not apply (the job changed meanwhile, or the limits refuse): read the job again and decide anew.
+    `quarantine_since` included), so the update doubles as the read again. A shrink's also locks the job's hosts,
+    after its row, as `ledger_lock.hold_hosts` would in a statement of its own (only PostgreSQL runs this). False, with
+    nothing changed, when the update did not apply (the job changed meanwhile, or the limits refuse): read the job
+    again and decide anew.
     """
     params = {
         "tenant": job.tenant_id, "job": job.id, "delta": workers, "expected": expected_workers,
         "quarantine_since": quarantine_since,
     }
-    row = (await session.execute(_CHANGE_WORKERS_READING, params)).first()
+    shrink = workers < 0
+    row = (await session.execute(_SHRINK_READING if shrink else _CHANGE_WORKERS_READING, params)).first()
     if row is None:
         return False
     set_committed_value(job, "left_hosts_recently", bool(row[1]))
+    if shrink:
+        held_already(session, row[2] or ())
     return True
 
 

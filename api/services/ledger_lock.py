@@ -27,11 +27,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from sqlalchemy import bindparam, event, text
+from sqlalchemy import ScalarSelect, bindparam, event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 
-__all__ = ["LedgerOrderError", "hold_hosts", "hold_job", "lock_ledger", "share_ledger"]
+from api.models import Allocation, Host
+
+__all__ = [
+    "LedgerOrderError", "held_already", "hold_hosts", "hold_job", "lock_ledger", "locked_hosts_of_job", "share_ledger",
+]
 
 LEDGER_ADVISORY_LOCK = 0x487A_4C65_6467  # "HzLedg": any constant shared by all API processes
 
@@ -102,6 +106,33 @@ async def hold_hosts(session: AsyncSession, hosts: Collection[str]) -> None:
         raise LedgerOrderError(f"host {missing[0]!r} sorts before a host this change already holds")
     await session.execute(_HOSTS, {"hosts": missing})
     share.hosts.update(missing)
+
+
+def held_already(session: AsyncSession, hosts: Collection[str]) -> None:
+    """Record `hosts` as locked by a statement of the caller's (in `locked_hosts_of_job`'s order, all at once)."""
+    share: _Share | None = session.info.get(_HELD)
+    if share is not None and hosts:
+        assert not share.hosts, "a job's hosts are locked before any other host"
+        share.hosts.update(hosts)
+
+
+def locked_hosts_of_job() -> ScalarSelect[list[str] | None]:
+    """The hosts of the job `:tenant`/`:job` (its live allocations), locked as `hold_hosts` locks them, as an array:
+    for the update of the job's row to lock them in the same statement, after the row (`ledger`)."""
+    allocation, host = Allocation.__table__.c, Host.__table__.c
+    locked = (
+        select(host.id)
+        .where(host.id.in_(
+            select(allocation.host_id).where(
+                allocation.tenant_id == bindparam("tenant"), allocation.job_id == bindparam("job"),
+                allocation.released_at.is_(None),
+            )
+        ))
+        .order_by(host.id.collate("C"))
+        .with_for_update(key_share=True)
+        .subquery("locked")
+    )
+    return select(func.array_agg(locked.c.id)).scalar_subquery()
 
 
 def hold_job(session: AsyncSession, job: tuple[str, str]) -> None:

@@ -222,6 +222,10 @@ def test_the_shipped_trace_replays_onto_now_faster_than_real_time() -> None:
     assert wrapped[0][1] == trace.hourly_g_per_kwh[0], "the trace loops"
     assert carbon_at(points, NOW + timedelta(seconds=3.9)) == trace.hourly_g_per_kwh[3]
     assert carbon_at(points, NOW) is None
+    points.clear()  # a caller's list is its own: the answer kept for the rest of the hour is not touched
+    again = forecast.points(NOW + timedelta(seconds=2.9))
+    assert again[0] == (NOW + timedelta(seconds=2), trace.hourly_g_per_kwh[2]) and len(again) == 25
+    assert forecast.points(NOW + timedelta(seconds=3))[0] == (NOW + timedelta(seconds=3), trace.hourly_g_per_kwh[3])
 
 
 @pytest.mark.parametrize("bad", ["datetime_utc,zone,carbon_intensity_g_per_kwh\n",
