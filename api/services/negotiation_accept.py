@@ -19,6 +19,9 @@ holds the whole ledger, as does an accept redone because it needed a row out of 
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -33,7 +36,20 @@ from api.services.negotiations import NegotiationContext, append_step, finish, l
 from api.services.worker_replacement import QUARANTINE
 from harmonaize.negotiation import NegotiationKind, RoundAction
 
-__all__ = ["accept"]
+__all__ = ["REDONE", "accept"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Redone:
+    """Accepts of this process redone holding the whole ledger (`/v1/metrics`): how often the shared mode falls
+    short, i.e. how much accepts still wait for each other."""
+
+    holding_whole_ledger: int = 0
+
+
+REDONE = _Redone()
 
 
 async def accept(
@@ -48,7 +64,9 @@ async def accept(
     try:
         return await _accept(session, tenant_id=tenant_id, negotiation_id=negotiation_id, option=option, ctx=ctx,
                              whole_ledger=False)
-    except LedgerOrderError:
+    except LedgerOrderError as reason:
+        REDONE.holding_whole_ledger += 1
+        _log.debug("accept of negotiation %s redone holding the whole ledger: %s", negotiation_id, reason)
         return await _accept(session, tenant_id=tenant_id, negotiation_id=negotiation_id, option=option, ctx=ctx,
                              whole_ledger=True)
 

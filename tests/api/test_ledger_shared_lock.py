@@ -3,9 +3,9 @@
 An accepted resize holds the ledger shared and locks only its job and hosts (`api.services.ledger_lock`). A second
 session stands for an accept caught in the middle (the ledger held shared, a host's row locked, uncommitted): an
 accept on another host must finish meanwhile, one on that host must wait for it. An accept whose planned host is
-taken while it waits, so that its placement moves to a host sorting before one it holds, is redone holding the whole
-ledger and still places its worker. Many accepts at once on jobs spread over several hosts leave the ledger's totals
-equal and each host's last desired state equal to what the ledger holds.
+taken while it waits, so that its placement moves to a host sorting before one it holds, is redone holding the
+whole ledger (counted in `/v1/metrics`) and still places its worker. Many accepts at once on jobs spread over
+several hosts leave the ledger's totals equal and each host's last desired state equal to what the ledger holds.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections import Counter
 import httpx
 import pytest
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select, text
 
 from api.models import Allocation, Job, OutboxTopic
@@ -24,7 +25,7 @@ from api.services import ledger_rows
 from api.services.ledger import change_job_workers, new_allocation_id
 from api.services.ledger_lock import LedgerOrderError, hold_hosts, hold_job, share_ledger
 from harmonaize.desired_state import HostAssignment
-from tests.api.api_testkit import FakeClock, TenantHandle, create_host, create_job
+from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
 from tests.api.negotiation_kit import ledger_totals, negotiate, outbox
 from tests.api.test_negotiations_concurrency import hosts_of
 from tests.support import eventually
@@ -44,6 +45,16 @@ async def _row_lock_waiters(app: FastAPI, at_least: int) -> bool:
             " AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')"
         ))
     return (waiters or 0) >= at_least
+
+
+async def _redone(client: httpx.AsyncClient) -> float:
+    """`hz_accepts_redone_whole_ledger_total` of the app's process, from `/v1/metrics`."""
+    response = await client.get("/v1/metrics", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return next(
+        sample.value for family in text_string_to_metric_families(response.text) for sample in family.samples
+        if sample.name == "hz_accepts_redone_whole_ledger_total"
+    )
 
 
 async def _accept(client: httpx.AsyncClient, tenant: TenantHandle, offer: dict[str, object]) -> httpx.Response:
@@ -123,6 +134,7 @@ async def test_an_accept_whose_planned_host_is_taken_while_it_waits_is_redone_ho
     await create_host(client, "h2", gpus=1, group="rack-a")
     await create_host(client, "h1", gpus=8, group="rack-b")
     grow = await _grow_offer(client, acme, "j", 2)
+    redone_before = await _redone(client)
 
     async with app.state.sessionmaker() as holder:
         await share_ledger(holder, ("acme", "k"))
@@ -142,6 +154,7 @@ async def test_an_accept_whose_planned_host_is_taken_while_it_waits_is_redone_ho
     assert [step["action"] for step in response.json()["rounds"]] == ["request", "offer", "accept"]
     assert (await hosts_of(app, "j"), await hosts_of(app, "k")) == (["h1", "h3"], ["h2"])
     assert await ledger_totals(app) == (3, 3, 3)
+    assert await _redone(client) == redone_before + 1, "counted in /v1/metrics"
 
 
 async def test_the_shared_mode_refuses_rows_out_of_its_order(app: FastAPI, client: httpx.AsyncClient) -> None:
