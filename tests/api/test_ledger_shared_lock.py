@@ -4,8 +4,9 @@ An accepted resize holds the ledger shared and locks only its job and hosts (`ap
 session stands for an accept caught in the middle (the ledger held shared, a host's row locked, uncommitted): an
 accept on another host must finish meanwhile, one on that host must wait for it. An accept whose planned host is
 taken while it waits, so that its placement moves to a host sorting before one it holds, is redone holding the
-whole ledger (counted in `/v1/metrics`) and still places its worker. Many accepts at once on jobs spread over
-several hosts leave the ledger's totals equal and each host's last desired state equal to what the ledger holds.
+whole ledger (counted in `/v1/metrics`) and still places its worker. A shrink's update of its job locks the job's
+hosts itself (another session cannot have them). Many accepts at once on jobs spread over several hosts leave the
+ledger's totals equal and each host's last desired state equal to what the ledger holds.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError
 
 from api.models import Allocation, Job, OutboxTopic
 from api.services import ledger_rows
-from api.services.ledger import change_job_workers, new_allocation_id
+from api.services.ledger import change_job_workers, change_job_workers_reading, new_allocation_id
 from api.services.ledger_lock import LedgerOrderError, hold_hosts, hold_job, share_ledger
 from harmonaize.desired_state import HostAssignment
 from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
@@ -203,3 +205,33 @@ async def test_many_accepts_at_once_over_several_hosts_leave_the_ledger_and_each
     assert sum(len(jobs_on) > 0 for jobs_on in ledger.values()) >= 3, ledger
     last = await _last_assignments(app)
     assert {host: {job.job: job.workers for job in last[host].jobs} for host in last if last[host].jobs} == ledger
+
+
+async def test_a_shrinks_update_of_its_job_locks_the_jobs_hosts_in_the_same_statement(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """Its hosts are recorded as held and are not locked again: so the update must really hold them, as another
+    session asking for them without waiting finds."""
+    await create_host(client, "h1", gpus=2, group="rack-a")
+    await create_host(client, "h2", gpus=2, group="rack-a")
+    await create_host(client, "h3", gpus=2, group="rack-a")
+    await create_job(client, acme, "wide", initial_workers=3, max_workers=4, gpus_per_worker=1)
+    await create_job(client, acme, "solo", initial_workers=1)
+    wide, solo = set(await hosts_of(app, "wide")), set(await hosts_of(app, "solo"))
+    assert len(wide) == 2 and not solo <= wide, (wide, solo)
+
+    async with app.state.sessionmaker() as shrinking, app.state.sessionmaker() as other:
+        await share_ledger(shrinking, ("acme", "wide"))
+        job = await shrinking.get_one(Job, ("acme", "wide"))
+        assert await change_job_workers_reading(shrinking, job, -1, expected_workers=3, quarantine_since=clock.now)
+        await hold_hosts(shrinking, wide)  # held already: no statement, no error
+        for host in sorted({"h1", "h2", "h3"}):
+            try:
+                await other.execute(text("SELECT id FROM hosts WHERE id = :id FOR NO KEY UPDATE NOWAIT"), {"id": host})
+                free = True
+            except DBAPIError as refused:
+                assert "could not obtain lock" in str(refused), refused
+                free = False
+            await other.rollback()
+            assert free is (host not in wide), (host, wide)
+        await shrinking.rollback()
