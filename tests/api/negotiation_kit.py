@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select, text
 
 from api.models import Allocation, Host, Job, OutboxMessage, OutboxTopic
 from harmonaize.negotiation import RoundAction
@@ -60,3 +60,20 @@ async def ledger_totals(app: FastAPI) -> tuple[int, int, int]:
         )
         jobs = await session.scalar(select(func.coalesce(func.sum(Job.allocated_gpus), 0)))
     return int(hosts or 0), int(rows or 0), int(jobs or 0)
+
+
+ADVISORY = ("advisory",)
+"""`waiting`: the ledger's advisory lock (`api.services.ledger_lock`)."""
+ROW = ("transactionid", "tuple")
+"""`waiting`: another transaction's row."""
+_WAITING = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND wait_event_type = 'Lock' AND wait_event IN :events"
+).bindparams(bindparam("events", expanding=True))
+
+
+async def waiting(app: FastAPI, events: tuple[str, ...], *, at_least: int) -> bool:
+    """Whether `at_least` transactions of this PostgreSQL database wait for a lock of these kinds."""
+    async with app.state.sessionmaker() as session:
+        waiters = await session.scalar(_WAITING, {"events": list(events)})
+    return (waiters or 0) >= at_least

@@ -28,7 +28,7 @@ from api.services.ledger import change_job_workers, change_job_workers_reading, 
 from api.services.ledger_lock import LedgerOrderError, hold_hosts, hold_job, share_ledger
 from harmonaize.desired_state import HostAssignment
 from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
-from tests.api.negotiation_kit import ledger_totals, negotiate, outbox
+from tests.api.negotiation_kit import ROW, ledger_totals, negotiate, outbox, waiting
 from tests.api.test_negotiations_concurrency import hosts_of
 from tests.support import eventually
 
@@ -37,16 +37,6 @@ from tests.support import eventually
 def backend(request: pytest.FixtureRequest) -> str:
     """PostgreSQL only: SQLite has one writer at a time, so there is no lock to share."""
     return str(request.param)
-
-
-async def _row_lock_waiters(app: FastAPI, at_least: int) -> bool:
-    """Whether `at_least` transactions of this database wait for another's row (not for an advisory lock)."""
-    async with app.state.sessionmaker() as session:
-        waiters = await session.scalar(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')"
-        ))
-    return (waiters or 0) >= at_least
 
 
 async def _redone(client: httpx.AsyncClient) -> float:
@@ -110,7 +100,7 @@ async def test_an_accept_on_another_host_finishes_while_one_on_its_own_host_wait
         done_b = await asyncio.wait_for(_accept(client, acme, grow_b), timeout=30)
         assert done_b.status_code == 200, done_b.text
         waiting_a = asyncio.create_task(_accept(client, acme, grow_a))
-        await eventually(lambda: _row_lock_waiters(app, 1), timeout=20, what="the accept on h1 waiting for its row")
+        await eventually(lambda: waiting(app, ROW, at_least=1), timeout=20, what="the accept on h1 waiting for its row")
         assert not waiting_a.done()
         await holder.rollback()
         done_a = await asyncio.wait_for(waiting_a, timeout=30)
@@ -148,7 +138,7 @@ async def test_an_accept_whose_planned_host_is_taken_while_it_waits_is_redone_ho
             starts_at=None,
         ))
         accepting = asyncio.create_task(_accept(client, acme, grow))
-        await eventually(lambda: _row_lock_waiters(app, 1), timeout=20, what="the accept waiting for h2's row")
+        await eventually(lambda: waiting(app, ROW, at_least=1), timeout=20, what="the accept waiting for h2's row")
         await holder.commit()
         response = await asyncio.wait_for(accepting, timeout=30)
 

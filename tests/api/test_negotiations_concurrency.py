@@ -10,7 +10,7 @@ import asyncio
 
 import httpx
 from fastapi import FastAPI
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from api.models import Host, Negotiation
 from api.models_quarantines import JobHostQuarantine
@@ -19,7 +19,7 @@ from api.services.ledger_lock import lock_ledger
 from harmonaize.negotiation import NegotiationState
 from harmonaize.pseudonyms import host_pseudonym
 from tests.api.api_testkit import ADMIN, PROVIDER_SECRET, FakeClock, TenantHandle, create_host, create_job
-from tests.api.negotiation_kit import ledger_totals, negotiate
+from tests.api.negotiation_kit import ADVISORY, ledger_totals, negotiate, waiting
 from tests.support import eventually
 
 JOBS = 50
@@ -86,14 +86,15 @@ async def test_two_offers_of_one_job_accepted_together_both_apply_to_the_job_as_
     assert to_three["state"] == to_two["state"] == "offered"
 
     async with app.state.sessionmaker() as holder:
-        waiting = await lock_ledger(holder)
+        locked = await lock_ledger(holder)
         accepts = [
             asyncio.create_task(client.post(f"/v1/negotiations/{offer['id']}/accept", json={"option": 0},
                                             headers=acme.headers))
             for offer in (to_three, to_two)
         ]
-        if waiting:  # the sweeper may wait too: at least two
-            await eventually(lambda: _lock_waiters(app, 2), timeout=20, what="both accepts waiting for the ledger lock")
+        if locked:  # the sweeper may wait too: at least two
+            await eventually(lambda: waiting(app, ADVISORY, at_least=2), timeout=20,
+                             what="both accepts waiting for the ledger lock")
         await holder.rollback()
         responses = await asyncio.gather(*accepts)
 
@@ -118,7 +119,7 @@ async def test_an_accept_that_waited_while_its_job_was_kept_off_a_host_places_no
     assert grow["state"] == "offered"
 
     async with app.state.sessionmaker() as holder:
-        waiting = await lock_ledger(holder)
+        locked = await lock_ledger(holder)
         holder.add(JobHostQuarantine(
             tenant_id=acme.id, job_id="train", host_name=host_pseudonym(PROVIDER_SECRET.encode(), acme.id, "h1"),
             left_at=clock.now,
@@ -127,8 +128,9 @@ async def test_an_accept_that_waited_while_its_job_was_kept_off_a_host_places_no
         accept = asyncio.create_task(
             client.post(f"/v1/negotiations/{grow['id']}/accept", json={"option": 0}, headers=acme.headers)
         )
-        if waiting:
-            await eventually(lambda: _lock_waiters(app, 1), timeout=20, what="the accept waiting for the ledger lock")
+        if locked:
+            await eventually(lambda: waiting(app, ADVISORY, at_least=1), timeout=20,
+                             what="the accept waiting for the ledger lock")
         await holder.commit()
         response = await accept
 
@@ -140,15 +142,6 @@ async def hosts_of(app: FastAPI, job: str) -> list[str]:
     """The internal hosts of the job's live allocations (one entry per allocation), sorted."""
     async with app.state.sessionmaker() as session:
         return sorted(p.allocation.host_id for p in await list_placements(session, tenant_id="acme", job_id=job))
-
-
-async def _lock_waiters(app: FastAPI, at_least: int) -> bool:
-    async with app.state.sessionmaker() as session:
-        waiters = await session.scalar(text(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        ))
-    return (waiters or 0) >= at_least
 
 
 async def test_the_job_cap_holds_under_concurrent_admin_allocations(
