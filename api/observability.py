@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.log_context import bind, log_context
 from api.services.fleet_stats import FleetStats
+from api.services.ledger_lock import LOCK_METRICS
 from api.services.negotiation_accept import REDONE
 from api.services.outbox_relay import OutboxRelay
 from harmonaize.events.envelope import TraceParent
@@ -83,8 +84,12 @@ class ApiMetrics:
         self.latency.labels(method=method, route=route).observe(seconds)
 
     def render(self, stats: FleetStats, *, relay: OutboxRelay | None) -> bytes:
-        """The exposition text: request metrics, plus the fleet and relay as they are now."""
-        return generate_latest(self.registry) + generate_latest(_snapshot_registry(stats, relay))
+        """The exposition text: request metrics, the ledger lock's waits and holds, plus the fleet and relay as they
+        are now."""
+        return (
+            generate_latest(self.registry) + generate_latest(LOCK_METRICS)
+            + generate_latest(_snapshot_registry(stats, relay))
+        )
 
 
 def _snapshot_registry(stats: FleetStats, relay: OutboxRelay | None) -> CollectorRegistry:

@@ -15,6 +15,9 @@ one after a second. So every writer takes a transaction-scoped advisory lock on 
   placement raced and lost its planned host), or another job's row, raises `LedgerOrderError`: the caller rolls back
   and redoes the change holding the whole ledger, where any order is safe.
 
+How long changes wait for these locks and hold them is in `/v1/metrics` (`LOCK_METRICS`): when accepts queue, the
+wait grows long before the database looks busy.
+
 Before either lock a transaction may write only rows that no holder writes on another's behalf: its own negotiation
 (an accept changes it and queues its round first, then locks; `lock_ledger` and `share_ledger` say whether there was
 a lock to wait for, during which the job may have changed). Held until the transaction ends, so the shorter the work
@@ -24,17 +27,20 @@ no-ops there.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from sqlalchemy import ScalarSelect, bindparam, event, func, select, text
+from prometheus_client import CollectorRegistry, Histogram
+from sqlalchemy import ScalarSelect, TextClause, bindparam, event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 
 from api.models import Allocation, Host
 
 __all__ = [
-    "LedgerOrderError", "held_already", "hold_hosts", "hold_job", "lock_ledger", "locked_hosts_of_job", "share_ledger",
+    "LOCK_METRICS", "LedgerOrderError", "held_already", "hold_hosts", "hold_job", "lock_ledger", "locked_hosts_of_job",
+    "share_ledger",
 ]
 
 LEDGER_ADVISORY_LOCK = 0x487A_4C65_6467  # "HzLedg": any constant shared by all API processes
@@ -47,7 +53,24 @@ _HOSTS = text(
 """The hosts' rows locked in code-point order (Python's `sorted`, which `hold_hosts` checks against), as strongly as
 the UPDATEs that follow will: a stronger lock would also hold up inserts of rows that merely refer to a host."""
 
-_HELD = "hz_ledger_share"
+_SHARE = "hz_ledger_share"
+_SINCE = "hz_ledger_since"
+
+LOCK_METRICS = CollectorRegistry(auto_describe=True)
+"""This process's waits for the ledger's locks and their holds (PostgreSQL), exported by `/v1/metrics`."""
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_WAITED = Histogram(
+    "hz_ledger_lock_wait_seconds", "Time to get the capacity ledger's lock, by mode: whole (exclusive) or shared "
+    "(one job and its hosts).", ("mode",), buckets=_BUCKETS, registry=LOCK_METRICS,
+)
+_HELD = Histogram(
+    "hz_ledger_lock_held_seconds", "Time from getting the capacity ledger's lock to the end of its transaction, by "
+    "mode.", ("mode",), buckets=_BUCKETS, registry=LOCK_METRICS,
+)
+_HOSTS_WAITED = Histogram(
+    "hz_ledger_hosts_wait_seconds", "Time to lock the rows of the hosts a change holding the ledger shared writes "
+    "(one statement; an accept on a host another holds waits here).", buckets=_BUCKETS, registry=LOCK_METRICS,
+)
 
 
 class LedgerOrderError(Exception):
@@ -74,8 +97,16 @@ async def lock_ledger(session: AsyncSession) -> bool:
     """
     if not _is_postgresql(session):
         return False
-    await session.execute(_EXCLUSIVE, {"key": LEDGER_ADVISORY_LOCK})
+    await _timed(session, _EXCLUSIVE, "whole")
     return True
+
+
+async def _timed(session: AsyncSession, statement: TextClause, mode: str) -> None:
+    started = time.perf_counter()
+    await session.execute(statement, {"key": LEDGER_ADVISORY_LOCK})
+    locked = time.perf_counter()
+    _WAITED.labels(mode=mode).observe(locked - started)
+    session.info.setdefault(_SINCE, (mode, locked))  # a second lock in one transaction: the hold runs from the first
 
 
 async def share_ledger(session: AsyncSession, job: tuple[str, str]) -> bool:
@@ -85,8 +116,8 @@ async def share_ledger(session: AsyncSession, job: tuple[str, str]) -> bool:
     """
     if not _is_postgresql(session):
         return False
-    await session.execute(_SHARED, {"key": LEDGER_ADVISORY_LOCK})
-    session.info[_HELD] = _Share(job=job)
+    await _timed(session, _SHARED, "shared")
+    session.info[_SHARE] = _Share(job=job)
     return True
 
 
@@ -96,7 +127,7 @@ async def hold_hosts(session: AsyncSession, hosts: Collection[str]) -> None:
     LedgerOrderError when one of them sorts before a host already locked: taking it now could close a cycle with a
     transaction that holds it and waits for ours.
     """
-    share: _Share | None = session.info.get(_HELD)
+    share: _Share | None = session.info.get(_SHARE)
     if share is None:
         return
     missing = sorted(set(hosts) - share.hosts)
@@ -104,13 +135,15 @@ async def hold_hosts(session: AsyncSession, hosts: Collection[str]) -> None:
         return
     if share.hosts and missing[0] < max(share.hosts):
         raise LedgerOrderError(f"host {missing[0]!r} sorts before a host this change already holds")
+    started = time.perf_counter()
     await session.execute(_HOSTS, {"hosts": missing})
+    _HOSTS_WAITED.observe(time.perf_counter() - started)
     share.hosts.update(missing)
 
 
 def held_already(session: AsyncSession, hosts: Collection[str]) -> None:
     """Record `hosts` as locked by a statement of the caller's (in `locked_hosts_of_job`'s order, all at once)."""
-    share: _Share | None = session.info.get(_HELD)
+    share: _Share | None = session.info.get(_SHARE)
     if share is not None and hosts:
         assert not share.hosts, "a job's hosts are locked before any other host"
         share.hosts.update(hosts)
@@ -138,13 +171,17 @@ def locked_hosts_of_job() -> ScalarSelect[list[str] | None]:
 def hold_job(session: AsyncSession, job: tuple[str, str]) -> None:
     """Check that this transaction may write `job`'s row: any job under the whole ledger, only its own when shared
     (another job's row may be held by a change that waits for one of our hosts)."""
-    share: _Share | None = session.info.get(_HELD)
+    share: _Share | None = session.info.get(_SHARE)
     if share is not None and share.job != job:
         raise LedgerOrderError(f"job {job[1]!r} is not the job this change holds")
 
 
 @event.listens_for(Session, "after_transaction_end")
 def _forget_share(session: Session, transaction: SessionTransaction) -> None:
-    """The locks end with the transaction; so does the record of them (a session outlives its transactions)."""
+    """The locks end with the transaction; so does the record of them (a session outlives its transactions), and
+    the hold is timed."""
     if transaction.parent is None:
-        session.info.pop(_HELD, None)
+        session.info.pop(_SHARE, None)
+        if (since := session.info.pop(_SINCE, None)) is not None:
+            mode, locked = since
+            _HELD.labels(mode=mode).observe(time.perf_counter() - locked)

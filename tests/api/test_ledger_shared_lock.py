@@ -39,14 +39,20 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def _redone(client: httpx.AsyncClient) -> float:
-    """`hz_accepts_redone_whole_ledger_total` of the app's process, from `/v1/metrics`."""
+async def _metrics(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the app process's `/v1/metrics` (process-wide counters: compare before and after)."""
     response = await client.get("/v1/metrics", headers=ADMIN)
     assert response.status_code == 200, response.text
-    return next(
-        sample.value for family in text_string_to_metric_families(response.text) for sample in family.samples
-        if sample.name == "hz_accepts_redone_whole_ledger_total"
-    )
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text) for sample in family.samples
+    }
+
+
+def _grown(before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+           after: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
 
 
 async def _accept(client: httpx.AsyncClient, tenant: TenantHandle, offer: dict[str, object]) -> httpx.Response:
@@ -93,6 +99,7 @@ async def test_an_accept_on_another_host_finishes_while_one_on_its_own_host_wait
     await create_job(client, acme, "b", initial_workers=1)
     assert (await hosts_of(app, "a"), await hosts_of(app, "b")) == (["h1"], ["h2"])
     grow_a, grow_b = await _grow_offer(client, acme, "a", 2), await _grow_offer(client, acme, "b", 2)
+    before = await _metrics(client)
 
     async with app.state.sessionmaker() as holder:  # an accept of job a, caught between locking h1 and committing
         assert await share_ledger(holder, ("acme", "a"))
@@ -112,6 +119,12 @@ async def test_an_accept_on_another_host_finishes_while_one_on_its_own_host_wait
     assert {host: [(job.job, job.workers) for job in last[host].jobs] for host in ("h1", "h2")} == {
         "h1": [("a", 2)], "h2": [("b", 2)],
     }
+    after = await _metrics(client)  # the two accepts' waits and holds, timed (the holder's share too)
+    assert _grown(before, after, "hz_ledger_lock_wait_seconds_count", mode="shared") == 3
+    assert _grown(before, after, "hz_ledger_lock_held_seconds_count", mode="shared") == 3
+    assert _grown(before, after, "hz_ledger_lock_wait_seconds_count", mode="whole") == 0
+    assert _grown(before, after, "hz_ledger_hosts_wait_seconds_count") == 3
+    assert _grown(before, after, "hz_ledger_hosts_wait_seconds_sum") > 0
 
 
 async def test_an_accept_whose_planned_host_is_taken_while_it_waits_is_redone_holding_the_whole_ledger(
@@ -126,7 +139,7 @@ async def test_an_accept_whose_planned_host_is_taken_while_it_waits_is_redone_ho
     await create_host(client, "h2", gpus=1, group="rack-a")
     await create_host(client, "h1", gpus=8, group="rack-b")
     grow = await _grow_offer(client, acme, "j", 2)
-    redone_before = await _redone(client)
+    before = await _metrics(client)
 
     async with app.state.sessionmaker() as holder:
         await share_ledger(holder, ("acme", "k"))
@@ -146,7 +159,9 @@ async def test_an_accept_whose_planned_host_is_taken_while_it_waits_is_redone_ho
     assert [step["action"] for step in response.json()["rounds"]] == ["request", "offer", "accept"]
     assert (await hosts_of(app, "j"), await hosts_of(app, "k")) == (["h1", "h3"], ["h2"])
     assert await ledger_totals(app) == (3, 3, 3)
-    assert await _redone(client) == redone_before + 1, "counted in /v1/metrics"
+    after = await _metrics(client)
+    assert _grown(before, after, "hz_accepts_redone_whole_ledger_total") == 1, "counted in /v1/metrics"
+    assert _grown(before, after, "hz_ledger_lock_wait_seconds_count", mode="whole") == 1
 
 
 async def test_the_shared_mode_refuses_rows_out_of_its_order(app: FastAPI, client: httpx.AsyncClient) -> None:
