@@ -48,6 +48,10 @@ and errors (arrivals still unanswered `OPEN_DRAIN_S` after the last one are cut 
 server and client CPU in cores (from the end of the warm-up to the last answer), and whether p99 <= 50 ms with
 nothing failed. The server is let go idle between runs, so one run's backlog is not billed to the next.
 
+With one server on PostgreSQL the request + accept cycles also report the ledger's locks: waits and holds by mode
+(shared: an accepted resize; whole: the rest) and the waits for host rows, from the server's own `/v1/metrics`
+histograms read before and after each recorded run (means exact, p50/p99 interpolated within the buckets).
+
 Run from the repository root: `python bench/bench_negotiations.py` (~60-80 s), `--quick` (~15 s),
 `--postgres [URL]` to repeat on PostgreSQL (a fresh database, dropped afterwards), `--replicas N` to serve each side
 from N processes sharing one socket (scaling on PostgreSQL: compare runs at 1 and N), `--rate 50 --open-loop-only`
@@ -132,6 +136,68 @@ OPEN_TARGET_P99_MS = 50.0  # the project's target: p99 <= 50 ms at an offered 50
 OPEN_DRAIN_S = 15.0  # after the last arrival, how long answers are still waited for before the rest are cut off
 OPEN_SETTLE_S = 10.0  # at most this long between open-loop scenarios for the last one's server to go idle
 OPEN_MAX_ARRIVALS_FACTOR = 3  # arrivals of one run: at most this times the expected count (+100), a bound on the loop
+
+
+LOCK_SERIES = {  # /v1/metrics histograms of the ledger lock (api/services/ledger_lock.py), by label set
+    "wait_shared": ("hz_ledger_lock_wait_seconds", (("mode", "shared"),)),
+    "held_shared": ("hz_ledger_lock_held_seconds", (("mode", "shared"),)),
+    "wait_whole": ("hz_ledger_lock_wait_seconds", (("mode", "whole"),)),
+    "held_whole": ("hz_ledger_lock_held_seconds", (("mode", "whole"),)),
+    "hosts_wait": ("hz_ledger_hosts_wait_seconds", ()),
+}
+
+
+async def lock_histograms(server: ServerProcess) -> dict[str, dict[str, float]]:
+    """The ledger lock's histograms from the server's `/v1/metrics`: per series, its cumulative bucket counts by
+    upper bound ("+Inf" included), "sum" and "count". Only meaningful for one server process (each has its own)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        text = (await client.get("/v1/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})).text
+    found: dict[str, dict[str, float]] = {key: {} for key in LOCK_SERIES}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            bound = labels.pop("le", None)
+            for key, (name, wanted) in LOCK_SERIES.items():
+                if tuple(sorted(labels.items())) != wanted:
+                    continue
+                if sample.name == f"{name}_bucket" and bound is not None:
+                    found[key][bound] = sample.value
+                elif sample.name in (f"{name}_sum", f"{name}_count"):
+                    found[key][sample.name.rsplit("_", 1)[1]] = sample.value
+    return found
+
+
+def lock_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+               total: dict[str, dict[str, float]]) -> None:
+    """Add what each series gained between `before` and `after` to `total`."""
+    for key, values in after.items():
+        into = total.setdefault(key, {})
+        for field_name, value in values.items():
+            into[field_name] = into.get(field_name, 0.0) + value - before.get(key, {}).get(field_name, 0.0)
+
+
+def lock_summary(series: dict[str, float]) -> dict[str, float]:
+    """n, mean and bucket-interpolated p50 / p99 (as Prometheus' histogram_quantile) of one series, in ms."""
+    count = series.get("count", 0.0)
+    if not count:
+        return {"n": 0}
+    bounds = sorted((float(b), c) for b, c in series.items() if b not in ("sum", "count"))
+
+    def quantile(q: float) -> float:
+        rank, lower, below = q * count, 0.0, 0.0
+        for upper, cumulative in bounds:
+            if cumulative >= rank:
+                if math.isinf(upper):
+                    return lower * 1e3
+                inside = cumulative - below
+                return (lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)) * 1e3
+            lower, below = upper, cumulative
+        return math.nan
+
+    return {"n": int(count), "mean_ms": series.get("sum", 0.0) / count * 1e3, "p50_ms": quantile(0.5),
+            "p99_ms": quantile(0.99)}
 
 
 def scale_body(job: str, workers: int) -> dict[str, Any]:
@@ -587,10 +653,17 @@ async def run_closed_loop(args: argparse.Namespace, backend: str, ours: ServerPr
         latencies: dict[str, list[float]] = {k: [] for k in SCENARIOS}
         statuses: dict[str, Counter[str]] = {k: Counter() for k in SCENARIOS}
 
-        async def run(key: str, n: int) -> dict[str, Any]:
+        lock_totals: dict[str, dict[str, float]] = {}
+        locks_measured = args.replicas == 1 and backend == "postgres"
+
+        async def run(key: str, n: int, *, recorded: bool = False) -> dict[str, Any]:
             if key == "ours_cycle":
-                return await run_cycles(ours_clients, tenant, n, args.concurrency, args.cap, ours, cycle_state,
-                                        f"{tag}-{next(keys)}")
+                before = await lock_histograms(ours) if recorded and locks_measured else None
+                result = await run_cycles(ours_clients, tenant, n, args.concurrency, args.cap, ours, cycle_state,
+                                          f"{tag}-{next(keys)}")
+                if before is not None:
+                    lock_delta(before, await lock_histograms(ours), lock_totals)
+                return result
             client, server = (ours_clients, ours) if SCENARIOS[key][0] == "ours" else (base_clients, base)
             return await run_load(client, makers[key], n, args.concurrency, args.cap, server)
 
@@ -600,7 +673,7 @@ async def run_closed_loop(args: argparse.Namespace, backend: str, ours: ServerPr
         for r in range(args.rounds):
             order = keys_order[r % len(keys_order):] + keys_order[: r % len(keys_order)]
             for key in order:
-                result = await run(key, args.requests)
+                result = await run(key, args.requests, recorded=True)
                 latencies[key] += result.pop("latencies")
                 statuses[key].update(result["statuses"])
                 results[key].append(result)
@@ -628,7 +701,9 @@ async def run_closed_loop(args: argparse.Namespace, backend: str, ours: ServerPr
         }
         paired = {f"{a}/{b}": median(ratio(x["rate"], y["rate"]) for x, y in zip(results[a], results[b], strict=True))
                   for _, a, b in COMPARISONS}
-        return {"backend": backend, "summary": summary, "paired_rate_ratios": paired, "rounds": results}
+        locks = {key: lock_summary(series) for key, series in lock_totals.items()} if locks_measured else None
+        return {"backend": backend, "summary": summary, "paired_rate_ratios": paired, "ledger_lock": locks,
+                "rounds": results}
     finally:
         for c in clients:
             await c.aclose()
@@ -673,6 +748,16 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], open_
         cyc = s["ours_cycle"]
         lines.append(f"cycles: {cyc['cycles']} request+accept pairs completed, "
                      f"~{cyc['rate'] / 2:,.0f} negotiations/s carried out (scale up, then down, per job)")
+        if locks := res.get("ledger_lock"):
+            def said(key: str) -> str:
+                got = locks.get(key, {"n": 0})
+                if not got["n"]:
+                    return "none"
+                return (f"{got['n']}, mean {got['mean_ms']:.2f} / p50 ~{got['p50_ms']:.2f} / p99 ~{got['p99_ms']:.1f} "
+                        "ms")
+            lines.append(f"ledger lock in the cycles (the server's /v1/metrics; p50/p99 interpolated in its buckets): "
+                         f"shared: waits {said('wait_shared')}, held {said('held_shared')}; host rows' waits "
+                         f"{said('hosts_wait')}; whole ledger: waits {said('wait_whole')}, held {said('held_whole')}")
         ratio_rows = []
         for name, a, b in COMPARISONS:
             ratio_rows.append([name, fmt(res["paired_rate_ratios"][f"{a}/{b}"], "x"),
