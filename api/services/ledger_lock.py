@@ -9,7 +9,8 @@ one after a second. So every writer takes a transaction-scoped advisory lock on 
   the sweeper's due reservations: rare changes that may touch any job and host, in any order.
 - **One job and its hosts** (`share_ledger`, shared with other such writers): an accepted resize or plan change.
   After the shared lock it writes its own job's row first, then locks the hosts it will write (`hold_hosts`) in one
-  statement, in id order, before writing any of them; it writes no other job's row (`hold_job`). Two such accepts on
+  statement, in id order, before writing any of them (a shrink, whose hosts are its job's own, in the update of the
+  job's row: `locked_hosts_of_job`); it writes no other job's row (`hold_job`). Two such accepts on
   different hosts run side by side; on a common host the later one waits for the earlier one's commit, holding no
   row the earlier one needs, so no cycle can form. A writer that finds it needs a host below one it holds (a
   placement raced and lost its planned host), or another job's row, raises `LedgerOrderError`: the caller rolls back
