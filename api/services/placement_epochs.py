@@ -5,8 +5,10 @@ node set, worker counts or plan change, its epoch moves on and every host of the
 (`api.services.host_assignments`). The placement compared is the job's *effective* one: workers per host from the
 allocations that hold capacity now (a reservation counts from its start).
 
-Runs inside the caller's transaction, under the ledger lock (which every placement change holds), so a job's stored
-placement read here is current; the phase, which progress reports move without that lock, is moved in SQL.
+Runs inside the caller's transaction, under the ledger lock (which every placement change holds: the whole ledger,
+or shared with the job's own row locked first, `ledger_lock`), so a job's stored placement read here is current;
+under the shared lock only the caller's own job may get a new epoch (`ledger_lock.hold_job`). The phase, which
+progress reports move without that lock, is moved in SQL.
 """
 
 from __future__ import annotations
