@@ -36,7 +36,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.log_context import bind, log_context
 from api.services.fleet_stats import FleetStats
 from api.services.ledger_lock import LOCK_METRICS
-from api.services.negotiation_accept import REDONE
 from api.services.outbox_relay import OutboxRelay
 from harmonaize.events.envelope import TraceParent
 
@@ -84,8 +83,8 @@ class ApiMetrics:
         self.latency.labels(method=method, route=route).observe(seconds)
 
     def render(self, stats: FleetStats, *, relay: OutboxRelay | None) -> bytes:
-        """The exposition text: request metrics, the ledger lock's waits and holds, plus the fleet and relay as they
-        are now."""
+        """The exposition text: request metrics, the ledger lock's waits, holds and redone accepts, plus the fleet
+        and relay as they are now."""
         return (
             generate_latest(self.registry) + generate_latest(LOCK_METRICS)
             + generate_latest(_snapshot_registry(stats, relay))
@@ -121,10 +120,6 @@ def _snapshot_registry(stats: FleetStats, relay: OutboxRelay | None) -> Collecto
     tenants = Gauge("hz_tenants", "Tenants, active or revoked.", ("state",), registry=registry)
     tenants.labels(state="active").set(stats.tenants_active)
     tenants.labels(state="revoked").set(stats.tenants_revoked)
-    Counter("hz_accepts_redone_whole_ledger", "Accepts of this process redone holding the whole capacity ledger, "
-            "having needed a row out of the shared mode's order (PostgreSQL).", registry=registry).inc(
-        REDONE.holding_whole_ledger
-    )
     if relay is not None:
         Counter("hz_outbox_relay_deliveries", "Messages this process's relay delivered (published or written).",
                 registry=registry).inc(relay.delivered)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from sqlalchemy import ScalarSelect, TextClause, bindparam, event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
@@ -40,8 +40,8 @@ from sqlalchemy.orm import Session, SessionTransaction
 from api.models import Allocation, Host
 
 __all__ = [
-    "LOCK_METRICS", "LedgerOrderError", "held_already", "hold_hosts", "hold_job", "lock_ledger", "locked_hosts_of_job",
-    "share_ledger",
+    "LOCK_METRICS", "REDONE", "LedgerOrderError", "held_already", "hold_hosts", "hold_job", "lock_ledger",
+    "locked_hosts_of_job", "share_ledger",
 ]
 
 LEDGER_ADVISORY_LOCK = 0x487A_4C65_6467  # "HzLedg": any constant shared by all API processes
@@ -71,6 +71,11 @@ _HELD = Histogram(
 _HOSTS_WAITED = Histogram(
     "hz_ledger_hosts_wait_seconds", "Time to lock the rows of the hosts a change holding the ledger shared writes "
     "(one statement; an accept on a host another holds waits here).", buckets=_BUCKETS, registry=LOCK_METRICS,
+)
+
+REDONE = Counter(
+    "hz_accepts_redone_whole_ledger", "Accepts of this process redone holding the whole capacity ledger, having "
+    "needed a row out of the shared mode's order: how often the shared mode falls short.", registry=LOCK_METRICS,
 )
 
 

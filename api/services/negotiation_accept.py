@@ -20,7 +20,6 @@ holds the whole ledger, as does an accept redone because it needed a row out of 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -28,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.models import Job
 from api.services.errors import InvalidRequestError
 from api.services.host_assignments import job_hosts, write_host_assignments
-from api.services.ledger_lock import LedgerOrderError, lock_ledger, share_ledger
+from api.services.ledger_lock import REDONE, LedgerOrderError, lock_ledger, share_ledger
 from api.services.maintenance_approvals import queue_approval
 from api.services.negotiation_resize import replace, resize
 from api.services.negotiation_store import NegotiationRecord, announce, change_state, offer_of, read_job_again
@@ -36,20 +35,9 @@ from api.services.negotiations import NegotiationContext, append_step, finish, l
 from api.services.worker_replacement import QUARANTINE
 from harmonaize.negotiation import NegotiationKind, RoundAction
 
-__all__ = ["REDONE", "accept"]
+__all__ = ["accept"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Redone:
-    """Accepts of this process redone holding the whole ledger (`/v1/metrics`): how often the shared mode falls
-    short, i.e. how much accepts still wait for each other."""
-
-    holding_whole_ledger: int = 0
-
-
-REDONE = _Redone()
 
 
 async def accept(
@@ -65,7 +53,7 @@ async def accept(
         return await _accept(session, tenant_id=tenant_id, negotiation_id=negotiation_id, option=option, ctx=ctx,
                              whole_ledger=False)
     except LedgerOrderError as reason:
-        REDONE.holding_whole_ledger += 1
+        REDONE.inc()
         _log.debug("accept of negotiation %s redone holding the whole ledger: %s", negotiation_id, reason)
         return await _accept(session, tenant_id=tenant_id, negotiation_id=negotiation_id, option=option, ctx=ctx,
                              whole_ledger=True)
