@@ -3,17 +3,22 @@ network monitoring, in place of a scenario's scripted congestion.
 
 The model. Each end of an uplink is a shaped FIFO (`tbf`, `links`). A link is *congested* when it runs at capacity
 with a standing queue: over the last `window_s`, in one direction, its utilisation rho = bytes / (rate * dt) is at
-least 0.8, and its queue was non-empty at every sample inside the window (after the one its bytes are counted
-from, up to now). Neither half
-alone is enough, and drops are no sign: a job's own all-reduces fill the queue in bursts, and drop from it, at a
-lower average (measured: a 4-rank DDP job all-reducing 2 MB per step over a 50 Mbit/s uplink ran at rho 0.4-0.9 per
-half second with drops in most of them, but its queue drains between steps; a bulk TCP flow from another
-namespace holds rho at 0.99 and the queue never empties), and the far end of a path already shaped upstream
-passes the flow at full rate with only a transient queue (measured at 40 Mbit/s under a bulk flow: the bottleneck
-end's queue was never empty, median 33 KB; the downstream end's was empty in 76 % of samples and never dropped, so
-"a backlog now" alone would flag it about one tick in four). Communication crossing a congested link waits behind
-its queue; the queueing (M/M/1) estimate of that factor is 1 / (1 - rho), rho capped at 0.95, so a saturated link
-reads ~20 (SEVERE) and one at 0.8 reads 5. A link that is not congested is not reported (its slowdown would be 1.0).
+least 0.8, and its queue was non-empty at every sample inside the window (after the one its bytes are counted from,
+up to now). Neither half alone is enough, and drops are no sign: a job's own all-reduces fill the queue in bursts,
+and drop from it, at a lower average (measured: a 4-rank DDP job all-reducing 2 MB per step over a 50 Mbit/s uplink
+ran at rho 0.4-0.9 per half second with drops in most of them, but its queue drains between steps; a bulk TCP flow
+from another namespace holds rho at 0.99 and the queue never empties), and the far end of a path already shaped
+upstream passes the flow at full rate with only a transient queue (measured at 40 Mbit/s under a bulk flow: the
+bottleneck end's queue was never empty, median 33 KB; the downstream end's was empty in 76 % of samples and never
+dropped, so "a backlog now" alone would flag it about one tick in four). On a busy machine that downstream queue can
+stand: the upstream bucket, its timer late, releases a burst the downstream end, busy at the same rate, never
+catches up with while the flow lasts. So an end into a group is not congested while its inflow is bounded upstream:
+some other group's end towards the spine is congested, and those ends' rates plus what the uncongested ones sent fit
+its own rate (2 % slack for a bucket's burst). The spine joins only uplinks, so that sum bounds everything that can
+reach it; a flow limited at this end instead drains the congested end upstream, and the bound no longer holds.
+Communication crossing a congested link waits behind its queue; the queueing (M/M/1) estimate of that factor is 1 /
+(1 - rho), rho capped at 0.95, so a saturated link reads ~20 (SEVERE) and one at 0.8 reads 5. A link that is not
+congested is not reported (its slowdown would be 1.0).
 
 What a group's agents see: the path from group A to group B crosses A's uplink (`u<a>` out, `s<a>` in) and B's, all
 four ends in the fabric namespace, so one `tc` call per sample reads every uplink. A congested uplink of A or of B is
@@ -34,7 +39,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from provider_agents.telemetry.model import LinkCongestion
@@ -56,6 +61,8 @@ CONGESTED_UTILIZATION = 0.8
 """A direction at or above this utilisation over the window, with a standing queue, is congested."""
 MAX_UTILIZATION = 0.95
 """The queueing estimate's cap on rho: 1 / (1 - 0.95) = 20, the factor a saturated link reads."""
+UPSTREAM_SLACK = 1.02
+"""An inflow bounded upstream may exceed the end's rate by this factor (a bucket's burst, counter timing)."""
 MIN_SPAN_FRACTION = 0.25
 """Less history than this fraction of the window measures noise: the previous verdict stands."""
 
@@ -86,10 +93,16 @@ class DirectionLoad:
     standing_backlog_bytes: int
     """The smallest queue seen at the samples inside the window (now included): > 0 when it never drained."""
     rate_bps: float
+    shaped_upstream: bool = False
+    """An end into a group whose inflow is bounded by congested ends upstream: its queue is theirs, not its own."""
 
     @property
     def congested(self) -> bool:
-        return self.utilization >= CONGESTED_UTILIZATION and self.standing_backlog_bytes > 0
+        return (
+            self.utilization >= CONGESTED_UTILIZATION
+            and self.standing_backlog_bytes > 0
+            and not self.shaped_upstream
+        )
 
 
 @dataclass(frozen=True)
@@ -197,6 +210,7 @@ class UplinkMonitor:
             )
             for g, ends in self._ends.items()
         }
+        self.loads = _bound_upstream(self.loads)
         for g, load in self.loads.items():
             if load.congested:
                 self._since.setdefault(g, self._now())
@@ -248,6 +262,18 @@ def _restarted(before: Mapping[str, LinkCounters], now: Mapping[str, LinkCounter
         if any(n < o for n, o in grown):
             return True
     return False
+
+
+def _bound_upstream(loads: dict[str, UplinkLoad]) -> dict[str, UplinkLoad]:
+    """`loads` with each group's inbound end marked `shaped_upstream` where its inflow is bounded by congested ends
+    of the other groups (see the module's docstring)."""
+    bounded: dict[str, UplinkLoad] = {}
+    for g, load in loads.items():
+        feeders = [other.outbound for h, other in loads.items() if h != g]
+        inflow_bound = sum(f.rate_bps if f.congested else f.utilization * f.rate_bps for f in feeders)
+        upstream = any(f.congested for f in feeders) and inflow_bound <= load.inbound.rate_bps * UPSTREAM_SLACK
+        bounded[g] = replace(load, inbound=replace(load.inbound, shaped_upstream=True)) if upstream else load
+    return bounded
 
 
 def _direction(interface: str, window: list[dict[str, LinkCounters]], span_s: float) -> DirectionLoad:

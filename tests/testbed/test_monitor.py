@@ -1,8 +1,9 @@
 """Congestion measured from the uplinks' counters: the model on scripted counters (a saturated FIFO with a standing
-queue is congested; a busy link without one, with a transient one, or a queue at low load is not; `since` is kept
-while congested; counters that go backwards restart the history; a failed read raises), then on real namespaces (an
-idle link and a flow at 30 % of the link are not congested, a bulk flow from another tenant's machine is, within
-2 s), and the testbed source: the layout's group, the links' rates at scale, measured congestion instead of scripted.
+queue is congested; a busy link without one, with a transient one, with one left by a congested end upstream, or a
+queue at low load is not; `since` is kept while congested; counters that go backwards restart the history; a failed
+read raises), then on real namespaces (an idle link and a flow at 30 % of the link are not congested, a bulk flow
+from another tenant's machine is, within 2 s), and the testbed source: the layout's group, the links' rates at
+scale, measured congestion instead of scripted.
 """
 
 from __future__ import annotations
@@ -157,6 +158,53 @@ def test_a_transient_queue_at_full_rate_is_not_congestion(fabric: FakeFabric) ->
         links = monitor.sample()
         assert tick < 4 or links == (), f"at {tick}: a full window of history holds a drained queue"
     assert monitor.loads["g2"].inbound.utilization == pytest.approx(0.95, abs=0.01)
+
+
+def test_a_queue_standing_downstream_of_a_congested_end_is_not_its_own_congestion(fabric: FakeFabric) -> None:
+    """A bulk flow g1 -> g2 on a busy machine: g1's end towards the spine is the bottleneck; the end into g2, at the
+    same rate, holds the burst a late bucket released and never drains it while the flow lasts. Only g1's uplink is
+    congested, from both groups' side."""
+    monitors = {group: fabric.monitor(group) for group in ("g1", "g2")}
+    fabric.load("u0", 0.99, drops_per_s=10, backlog=60_000)
+    fabric.load("s1", 0.99, backlog=20_000)
+    for monitor in monitors.values():
+        monitor.sample()
+    fabric.tick(1.0)
+    seen = {group: monitor.sample() for group, monitor in monitors.items()}
+    assert [(link.link, link.groups) for link in seen["g1"]] == [("uplink-g1", ("g1", "g2"))]
+    assert [(link.link, link.groups) for link in seen["g2"]] == [("uplink-g1", ("g2", "g1"))]
+    inbound = monitors["g2"].loads["g2"].inbound
+    assert inbound.shaped_upstream and inbound.standing_backlog_bytes == 20_000 and not inbound.congested
+
+    fabric.counters["s1"] = replace(fabric.counters["s1"], rate_bps=RATE_BPS / 2)  # g2's end lowered: its own queue
+    fabric.load("s1", 0.99, drops_per_s=10, backlog=40_000)
+    monitors["g2"].sample()
+    fabric.tick(1.0)
+    links = monitors["g2"].sample()
+    assert [(link.link, link.groups) for link in links] == [("uplink-g2", ("g2", "g1")), ("uplink-g1", ("g2", "g1"))]
+    assert not monitors["g2"].loads["g2"].inbound.shaped_upstream
+
+
+@pytest.mark.parametrize(
+    ("g1_out", "g3_out", "why"),
+    [
+        ((0.5, 0), (0.5, 0), "two uncongested flows meet in g2's end: it is where they queue"),
+        ((0.99, 60_000), (0.1, 0), "a congested flow and a tenth more: more than g2's end can pass"),
+    ],
+)
+def test_an_end_fed_beyond_its_rate_is_congested_whatever_is_upstream(
+    g1_out: tuple[float, int], g3_out: tuple[float, int], why: str
+) -> None:
+    fabric = FakeFabric(_layout({"h1": "g1", "h2": "g2", "h3": "g3"}))
+    monitor = fabric.monitor("g2")
+    fabric.load("u0", g1_out[0], backlog=g1_out[1])
+    fabric.load("u2", g3_out[0], backlog=g3_out[1])
+    fabric.load("s1", 0.99, drops_per_s=10, backlog=30_000)
+    monitor.sample()
+    fabric.tick(1.0)
+    links = monitor.sample()
+    assert ("uplink-g2", ("g2", "g1")) in [(link.link, link.groups) for link in links], why
+    assert monitor.loads["g2"].inbound.congested and not monitor.loads["g2"].inbound.shaped_upstream
 
 
 def test_since_is_kept_while_congested_and_reset_when_it_clears(fabric: FakeFabric) -> None:
@@ -414,7 +462,7 @@ def test_a_bulk_flow_from_another_tenant_congests_the_uplink_within_two_seconds(
         load = g1.loads["g1"]
         assert load.outbound.congested, "the queue is where the flow enters the shaped link: g1 towards the spine"
         assert not load.inbound.congested
-        assert not g1.loads["g2"].congested, "into g2 at full rate but shaped upstream: no queue there"
+        assert not g1.loads["g2"].congested, "into g2 at full rate but shaped upstream: its queue is g1's"
         shared = _poll(g2, bool, deadline=time.monotonic() + 2.0)
         assert shared is not None and [(seen.link, seen.groups) for seen in shared] == [("uplink-g1", ("g2", "g1"))]
     cleared = _poll(g1, lambda links: links == (), deadline=time.monotonic() + 3.0)
