@@ -19,6 +19,7 @@ would write them.
   second. Up to `MAX_CHAIN` rows; more go in one executemany insert after the statement. (No queued row can refer
   to such a table: it cannot know the key.)
 
+A use case in single-statement mode (`api.single_statement`) commits its queue only if it is one statement.
 A transaction that does not commit writes none of them. A caller that is about to read what it queued (or write a
 row that refers to it by a foreign key, outside this queue) writes the queue first: `write_queued`.
 """
@@ -35,6 +36,13 @@ from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.sql.ddl import sort_tables
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.selectable import CTE
+
+from api.single_statement import (
+    NeedsTransaction,
+    end_single_statement,
+    in_single_statement,
+    refuse_in_single_statement,
+)
 
 Row = dict[str, Any]
 
@@ -70,7 +78,8 @@ def _sync(session: AsyncSession | Session) -> Session:
 
 async def write_queued(session: AsyncSession) -> None:
     """Write the queue now, inside the transaction (before reading those rows, or referring to them), ahead of any
-    object pending in the session (as at commit)."""
+    object pending in the session (as at commit). Not in single-statement mode: the commit's is its one write."""
+    refuse_in_single_statement(session, "rows written before the commit")
     await session.run_sync(_write)
 
 
@@ -143,12 +152,18 @@ def _foreign_keys_first(tables: frozenset[Table]) -> tuple[Table, ...]:
 
 
 def _write(session: Session) -> None:
-    queued = session.info.pop(_QUEUED, None)
+    queued = session.info.get(_QUEUED)
     if not queued:
         return
-    dialect = session.get_bind().dialect.name
+    writes = statements(queued, session.get_bind().dialect.name)
+    if in_single_statement(session):  # `api.single_statement`: this must be its one write, and the last
+        one = len(writes) == 1 and (isinstance(writes[0][1], dict) or len(writes[0][1]) == 1)
+        if not one or session.new or session.dirty or session.deleted:
+            raise NeedsTransaction("a commit of more than one statement (an executemany may be several)")
+        end_single_statement(session)
+    del session.info[_QUEUED]
     with session.no_autoflush:  # the queue goes first: pending objects may refer to its rows
-        for statement, params in statements(queued, dialect):
+        for statement, params in writes:
             session.execute(statement, params)
 
 

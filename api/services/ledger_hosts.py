@@ -5,17 +5,18 @@ A ranking only, from one snapshot: the conditional updates in `ledger` decide wh
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Select, bindparam, func, or_, select
+from sqlalchemy import JSON, ColumnElement, Select, bindparam, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.db import execute_core
 from api.models import Allocation, Host, Job
 
-__all__ = ["HostRoom", "HostSnapshot", "host_preference", "host_snapshot"]
+__all__ = ["HostRoom", "HostSnapshot", "host_preference", "host_snapshot", "snapshot_column", "snapshot_from_column"]
 
 HostRoom = tuple[str, str, int]
 """(host, locality group, free GPUs) of a healthy host."""
@@ -43,12 +44,11 @@ def _snapshot_statement() -> Select[str, str, int, datetime | None, int | None]:
         .group_by(allocation.host_id)
         .subquery()
     )
-    free = host.gpus - host.allocated_gpus
+    free = (host.gpus - host.allocated_gpus).label("free")
     return (
         select(host.id, host.locality_group, free, host.down_at, used.c.gpus)
         .outerjoin(used, used.c.host_id == host.id)
         .where(or_((free > 0) & host.down_at.is_(None), used.c.gpus.is_not(None)))
-        .order_by(host.id)
     )
 
 
@@ -60,10 +60,34 @@ building it (a subquery) cost more CPU than SQLite takes to run it."""
 async def host_snapshot(session: AsyncSession, job: Job) -> HostSnapshot:
     """The hosts with room and the job's own hosts, in one statement (an offer, its warm joiners, a placement)."""
     rows = await execute_core(session, _SNAPSHOT, {"tenant_id": job.tenant_id, "job_id": job.id})
+    return _snapshot(sorted((host, group, free, down_at is None, gpus) for host, group, free, down_at, gpus in rows))
+
+
+def snapshot_column(dialect: str) -> ColumnElement[Any]:
+    """`host_snapshot` of the job named by the parameters `tenant_id` and `job_id`, as one JSON array column (one
+    `[host, group, free GPUs, up, the job's GPUs]` per host, in no order), for a statement that reads it beside
+    other rows: a new request reads it with its key and job (`negotiation_store.load_for_open`), one round trip."""
+    rows = _snapshot_statement().subquery()
+    up = rows.c.down_at.is_(None)
+    if dialect == "postgresql":
+        entries = func.json_agg(func.json_build_array(rows.c.id, rows.c.locality_group, rows.c.free, up, rows.c.gpus))
+    else:
+        entries = func.json_group_array(func.json_array(rows.c.id, rows.c.locality_group, rows.c.free, up, rows.c.gpus))
+    return type_coerce(select(entries).scalar_subquery(), JSON).label("host_snapshot")
+
+
+def snapshot_from_column(entries: list[list[Any]] | None) -> HostSnapshot:
+    """The `HostSnapshot` a `snapshot_column` read holds (None: no host at all)."""
+    return _snapshot(sorted((str(e[0]), str(e[1]), e[2], bool(e[3]), e[4]) for e in entries or ()))
+
+
+def _snapshot(rows: Iterable[tuple[str, str, int, bool, int | None]]) -> HostSnapshot:
+    """From (host, group, free GPUs, up, the job's GPUs there), sorted here by id in code-point order (as the ledger
+    locks hosts; a database's collation may sort otherwise), whichever statement read them."""
     rooms: list[HostRoom] = []
     usage: dict[str, tuple[str, int]] = {}
-    for host_id, group, host_free, down_at, gpus in rows:
-        if int(host_free) > 0 and down_at is None:
+    for host_id, group, host_free, up, gpus in rows:
+        if int(host_free) > 0 and up:
             rooms.append((host_id, group, int(host_free)))
         if gpus is not None:
             usage[host_id] = (group, int(gpus))

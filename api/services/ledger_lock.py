@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 
 from api.models import Allocation, Host
+from api.single_statement import refuse_in_single_statement
 
 __all__ = [
     "LOCK_METRICS", "REDONE", "LedgerOrderError", "held_already", "hold_hosts", "hold_job", "lock_ledger",
@@ -101,6 +102,7 @@ async def lock_ledger(session: AsyncSession) -> bool:
     True if it waited for one (PostgreSQL): rows read before may have changed meanwhile. False on SQLite, whose
     single pooled connection (`api.db`) already let no other transaction of this process run since the read.
     """
+    refuse_in_single_statement(session, "the ledger's lock")
     if not _is_postgresql(session):
         return False
     await _timed(session, _EXCLUSIVE, "whole")
@@ -120,6 +122,7 @@ async def share_ledger(session: AsyncSession, job: tuple[str, str]) -> bool:
 
     As `lock_ledger`: True on PostgreSQL (rows read before may have changed), False on SQLite (nothing to share).
     """
+    refuse_in_single_statement(session, "the ledger's lock")
     if not _is_postgresql(session):
         return False
     await _timed(session, _SHARED, "shared")

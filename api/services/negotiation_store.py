@@ -25,6 +25,7 @@ from api.models import IdempotencyKey, Job, Negotiation, NegotiationRound, Tenan
 from api.models_quarantines import left_recently
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
+from api.services.ledger_hosts import HostSnapshot, snapshot_column, snapshot_from_column
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
 from api.services.outbox import enqueue_tenant_event
 from harmonaize.events import NegotiationUpdate
@@ -185,26 +186,34 @@ async def read_job_again(session: AsyncSession, job: Job, *, quarantine_since: d
     return again
 
 
-_FOR_OPEN = (
-    select(IdempotencyKey, Job)
-    .select_from(Tenant)
-    .outerjoin(IdempotencyKey, (IdempotencyKey.tenant_id == Tenant.id) & (IdempotencyKey.key == bindparam("key")))
-    .outerjoin(Job, (Job.tenant_id == Tenant.id) & (Job.id == bindparam("job_id")))
-    .where(Tenant.id == bindparam("tenant_id"))
-    .options(with_expression(Job.left_hosts_recently, left_recently()))
-    .execution_options(populate_existing=True)
-)
-"""Built once (every new request runs it); parameters: the tenant, its key, the job named, the quarantine's start."""
+def _for_open(dialect: str) -> Select[IdempotencyKey, Job, Any]:
+    return (
+        select(IdempotencyKey, Job, snapshot_column(dialect))
+        .select_from(Tenant)
+        .outerjoin(IdempotencyKey, (IdempotencyKey.tenant_id == Tenant.id) & (IdempotencyKey.key == bindparam("key")))
+        .outerjoin(Job, (Job.tenant_id == Tenant.id) & (Job.id == bindparam("job_id")))
+        .where(Tenant.id == bindparam("tenant_id"))
+        .options(with_expression(Job.left_hosts_recently, left_recently()))
+        .execution_options(populate_existing=True)
+    )
+
+
+_FOR_OPEN = {dialect: _for_open(dialect) for dialect in ("postgresql", "sqlite")}
+"""Built once per dialect (every new request runs it); parameters: the tenant, its key, the job named, the
+quarantine's start."""
 
 
 async def load_for_open(
     session: AsyncSession, *, tenant_id: str, key: str, job_id: str, quarantine_since: datetime
-) -> tuple[IdempotencyKey | None, Job | None]:
+) -> tuple[IdempotencyKey | None, Job | None, HostSnapshot]:
     """The tenant's idempotency key row and the job a new request names (None: absent; the job with whether it
-    left a host since `quarantine_since`), by one statement."""
+    left a host since `quarantine_since`), and the job's `host_snapshot` for its offer, by one statement."""
     params = {"tenant_id": tenant_id, "key": key, "job_id": job_id, "quarantine_since": quarantine_since}
-    row = (await session.execute(_FOR_OPEN, params)).first()
-    return (None, None) if row is None else (row[0], row[1])
+    statement = _FOR_OPEN[session.get_bind().dialect.name]
+    row = (await session.execute(statement, params)).first()
+    if row is None:
+        return None, None, snapshot_from_column(None)
+    return row[0], row[1], snapshot_from_column(row[2])
 
 
 async def load_record(session: AsyncSession, negotiation: Negotiation) -> NegotiationRecord:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -50,6 +51,7 @@ from api.services.negotiation_store import (
 )
 from api.services.standby import stand_by, stand_down
 from api.services.worker_replacement import QUARANTINE, avoided_hosts, resolve
+from api.single_statement import run_single_statement
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms, RoundAction
 from harmonaize.timeids import uuid7
 
@@ -129,8 +131,10 @@ async def _record_answer(
 
 
 async def _open(
-    session: AsyncSession, *, tenant_id: str, request: NegotiationRequest, job: Job | None, ctx: NegotiationContext
+    session: AsyncSession, *, tenant_id: str, request: NegotiationRequest, job: Job | None, hosts: HostSnapshot,
+    ctx: NegotiationContext,
 ) -> NegotiationRecord:
+    """`hosts`: the job's `host_snapshot`, read with it (`load_for_open`)."""
     if job is None:
         raise NotFoundError("job not found")
     next_status(Step.NEW, RoundAction.REQUEST)
@@ -147,7 +151,6 @@ async def _open(
         updated_at=ctx.now,
     )
     avoided = await avoided_hosts(session, job, secret=ctx.pseudonym_secret, now=ctx.now)
-    hosts = await host_snapshot(session, job)
     state, values, note = await _answer(session, job, request.kind, request.terms, ctx, avoided=avoided, hosts=hosts)
     negotiation.state = state
     for name, value in values.items():
@@ -184,11 +187,25 @@ async def open_negotiation(
 ) -> StoredResponse:
     """Open a negotiation and answer it (201 with `NegotiationPublic`), or replay the key's first response.
 
+    On PostgreSQL without BEGIN and COMMIT where its one write is the commit's (`api.single_statement`): an offer
+    that starts warm joiners, which lock the ledger, is made again in a transaction.
     IdempotencyKeyReusedError (422) when the key came with another body; NotFoundError for an unknown job.
     """
+    return await run_single_statement(
+        session,
+        partial(
+            _open_or_replay, session, tenant_id=tenant_id, idempotency_key=idempotency_key, request=request, ctx=ctx
+        ),
+    )
+
+
+async def _open_or_replay(
+    session: AsyncSession, *, tenant_id: str, idempotency_key: str, request: NegotiationRequest,
+    ctx: NegotiationContext,
+) -> StoredResponse:
     request_fingerprint = idempotency.fingerprint(request.model_dump(mode="json"))
     lookup = {"tenant_id": tenant_id, "key": idempotency_key, "request_fingerprint": request_fingerprint}
-    key_row, job = await load_for_open(
+    key_row, job, hosts = await load_for_open(
         session, tenant_id=tenant_id, key=idempotency_key, job_id=request.job, quarantine_since=ctx.now - QUARANTINE
     )
     stored = idempotency.replay(key_row, request_fingerprint)
@@ -196,7 +213,7 @@ async def open_negotiation(
         await session.rollback()
         return stored
     try:
-        record = await _open(session, tenant_id=tenant_id, request=request, job=job, ctx=ctx)
+        record = await _open(session, tenant_id=tenant_id, request=request, job=job, hosts=hosts, ctx=ctx)
         response = StoredResponse(status=201, body=public(record).model_dump(mode="json"))
         idempotency.claim(session, **lookup, response=response, now=ctx.now)
         await session.commit()  # the key, its response and the negotiation: one commit
