@@ -463,7 +463,8 @@ def test_a_bulk_flow_from_another_tenant_congests_the_uplink_within_two_seconds(
         assert load.outbound.congested, "the queue is where the flow enters the shaped link: g1 towards the spine"
         assert not load.inbound.congested
         assert not g1.loads["g2"].congested, "into g2 at full rate but shaped upstream: its queue is g1's"
-        shared = _poll(g2, bool, deadline=time.monotonic() + 2.0)
+        # g2's last sample is from before the flow: its window needs one window's length of samples to move past it
+        shared = _poll(g2, bool, deadline=time.monotonic() + g2.window_s + 2.0)
         assert shared is not None and [(seen.link, seen.groups) for seen in shared] == [("uplink-g1", ("g2", "g1"))]
     # The queue may still hold the flow's tail at the first sample after it; from the last congested sample the
     # link is reported clear after CLEAR_AFTER_S, so the deadline is that plus a window and a busy machine's slack.
