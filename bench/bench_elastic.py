@@ -763,7 +763,8 @@ class TorchrunJob:
         command = [
             sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", "--nproc-per-node=1",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id={self.name}",
-            "--max-restarts=3", *job_args(self.args), "--checkpoint-dir", str(self.dir / "checkpoints"),
+            "--max-restarts=3", f"--log-dir={self.dir / 'torchelastic'}", *job_args(self.args),
+            "--checkpoint-dir", str(self.dir / "checkpoints"),
         ]
         began = time.time()
         with open(self.dir / f"node-{node}.log", "ab") as log:

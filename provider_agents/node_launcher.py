@@ -84,13 +84,17 @@ from provider_agents.node_watch import clear_liveness, read_liveness
 from provider_agents.processes import alive, marked_processes, signal_marked, stopped
 from provider_agents.warm_torchrun import WarmTorchrun, node_env
 
-__all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF"]
+__all__ = ["LauncherConfig", "NodeLauncher", "NodeSpec", "RDZV_CONF", "TORCHRUN_LOG_DIR"]
 
 log = logging.getLogger(__name__)
 
 RDZV_CONF = "is_host=0,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=120"
 """Nodes are clients of the provider's store; short timeouts, but never fewer than 3 keep-alive attempts (split
 brain)."""
+
+TORCHRUN_LOG_DIR = "torchelastic"
+"""Under a job's control directory: torchrun's `--log-dir`. Without one, every start makes a new directory in the
+system's temp dir that nothing removes, outside this cloud's own files."""
 
 EndpointLookup = Callable[[str, str], Awaitable[str | None]]
 ProgressSink = Callable[[JobProgress], Awaitable[object]]
@@ -475,6 +479,7 @@ class NodeLauncher:
             *rendezvous,
             f"--nproc-per-node={spec.workers}",
             f"--monitor-interval={self.config.monitor_interval_s}",
+            f"--log-dir={control / TORCHRUN_LOG_DIR}",  # else a new directory in the system's temp dir per start
             *spec.entrypoint,
         ]
         log_path = control / f"node-e{spec.epoch}.log"

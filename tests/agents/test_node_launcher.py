@@ -27,7 +27,7 @@ from harmonaize.job_runtime import (
     write_model_atomically,
 )
 from provider_agents.markers import cloud_id, host_prefix
-from provider_agents.node_launcher import LauncherConfig, NodeLauncher
+from provider_agents.node_launcher import TORCHRUN_LOG_DIR, LauncherConfig, NodeLauncher
 from provider_agents.processes import alive, marked_processes, signal_marked
 from tests.support import eventually
 
@@ -128,6 +128,7 @@ async def test_one_exactly_sized_node_per_epoch_with_its_spec(rig: Rig) -> None:
     assert args[-2:] == ["-m", "workloads.examples.mlp"]
     spec = read_model(Path(str(start["spec"])), WorkerSpec)
     assert spec is not None and (spec.tenant, spec.job, spec.epoch) == ("acme", "train", 3)
+    assert f"--log-dir={spec.control_dir / TORCHRUN_LOG_DIR}" in args, "torchrun's logs in the job's own directory"
     assert spec.locality_group and spec.locality_group != "g1", "the job sees a pseudonym, not the provider's name"
     await _converge(launcher, _assignment(_job(epoch=3, nodes=2, workers=1), generation=2))
     assert len(rig.starts()) == 1, "the same epoch again starts nothing"

@@ -332,6 +332,8 @@ async def test_a_torchrun_job_resumes_from_its_checkpoint_after_a_node_is_killed
         assert steps_lost(watcher.steps, killed) == before - checkpoint
         logs = "".join(path.read_text() for path in tmp_path.glob("node-*.log"))
         assert f"resumed from step-{checkpoint:08d}" in logs
+        runs = list((tmp_path / "torchelastic").iterdir())
+        assert len(runs) == 3, f"each node's torchrun logs in the job's directory, not the temp dir: {runs}"
     finally:
         job.stop()
         reap(prefix)

@@ -144,7 +144,10 @@ class Node:
     started_at: float = 0.0
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}"]
+        command = [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc}",
+            f"--log-dir={self.log_path.parent / 'torchelastic'}",  # not a new directory in the system's temp dir
+        ]
         if self.rendezvous is None:
             command.append("--standalone")
         else:

@@ -22,3 +22,5 @@ def test_tiny_lm_under_plain_torchrun_learns_and_checkpoints(job: JobDirs, clust
     assert job.checkpoint_steps() == [25, 50, 60]
     assert not job.control.exists(), "without a spec or --control-dir, progress goes nowhere"
     assert set(node.exits().values()) == {(60, "max_steps 60 reached")}
+    ranks = sorted(path.name for path in (node.log_path.parent / "torchelastic").glob("*/attempt_0/*"))
+    assert ranks == ["0", "1"], "torchrun's --log-dir is honoured: its run's directories there, not in the temp dir"

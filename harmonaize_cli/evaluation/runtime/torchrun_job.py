@@ -112,7 +112,8 @@ class TorchrunJob:
         return [
             sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", "--nproc-per-node=1",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id={self.name}",
-            f"--max-restarts={self.max_restarts}", *self.entrypoint, "--checkpoint-dir", str(self.checkpoint_dir),
+            f"--max-restarts={self.max_restarts}", f"--log-dir={self.dir / 'torchelastic'}",
+            *self.entrypoint, "--checkpoint-dir", str(self.checkpoint_dir),
         ]
 
     def marker(self, node: str) -> str:
