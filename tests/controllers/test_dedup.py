@@ -289,21 +289,57 @@ def test_housekeeping_runs_beside_the_writer_and_keeps_the_file_bounded(tmp_path
 
     path = tmp_path / "busy.sqlite3"
     with HandledStore(path, max_entries=1000, maintenance_interval=0.02) as store:
-        from tenant_controllers.store import SAFETY_CHECKPOINT_PAGES
+        from tenant_controllers.store import CHECKPOINT_EVERY_COMMITS, SAFETY_CHECKPOINT_PAGES
 
         # The writer's own checkpoint is only a safety net, far beyond what this test writes (~30 MB unchecked).
         assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone() == (SAFETY_CHECKPOINT_PAGES,)
+        assert 500 > CHECKPOINT_EVERY_COMMITS, "each burst must make a checkpoint due"
         for burst in range(12):
+            seen = store.checkpoints
             for n in range(500):
                 store.record("c", f"e{burst}-{n}", "h", status=Status.DONE, outcome=n)
-            seen = store.checkpoints
             deadline = time.monotonic() + 5
-            while store.checkpoints < seen + 2 and time.monotonic() < deadline:  # one full interval after the burst
+            while store.checkpoints < seen + 1 and time.monotonic() < deadline:
                 time.sleep(0.005)
-            assert store.checkpoints >= seen + 2, "the maintenance thread stopped checkpointing"
+            assert store.checkpoints >= seen + 1, "the maintenance thread stopped checkpointing"
         # 6,000 records would need ~60 MB of WAL without checkpoints; the WAL only ever holds about one burst.
         assert (path.parent / (path.name + "-wal")).stat().st_size < 15 * 1024 * 1024
     db = sqlite3.connect(path)
     (count,) = db.execute("SELECT COUNT(*) FROM handled").fetchone()
     db.close()
     assert count <= 1000 + 1000, "pruned in the background to max_entries (plus at most PRUNE_EVERY new ones)"
+
+
+def test_checkpoints_follow_what_was_written_not_the_clock(tmp_path: Path) -> None:
+    """Each checkpoint costs two fsyncs whatever it copies: a store that writes a little waits for enough commits or
+    for the age bound, and one that writes nothing never checkpoints."""
+    path = tmp_path / "slow.sqlite3"
+    with HandledStore(path, maintenance_interval=0.01, checkpoint_every=50, checkpoint_max_age=3600) as store:
+        for n in range(49):
+            store.record("c", f"e{n}", "h", status=Status.DONE)
+        deadline = time.monotonic() + 0.3  # thirty looks of the maintenance thread, none of which may checkpoint
+        while time.monotonic() < deadline:
+            assert store.checkpoints == 0, "checkpointed before checkpoint_every commits"
+            time.sleep(0.01)
+        store.record("c", "e49", "h", status=Status.DONE)  # the 50th commit makes it due
+        deadline = time.monotonic() + 5
+        while store.checkpoints == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert store.checkpoints == 1
+        quiet_until = time.monotonic() + 0.3  # nothing written since: no more checkpoints
+        while time.monotonic() < quiet_until:
+            assert store.checkpoints == 1, "checkpointed a WAL with nothing new in it"
+            time.sleep(0.01)
+
+    with HandledStore(path, maintenance_interval=0.01, checkpoint_every=10_000, checkpoint_max_age=0.2) as store:
+        store.record("c", "late", "h", status=Status.DONE)  # one commit: due once the age bound has passed
+        deadline = time.monotonic() + 5
+        while store.checkpoints == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert store.checkpoints == 1, "a commit was never checkpointed"
+
+
+@pytest.mark.parametrize(("every", "max_age"), [(0, 30.0), (10, 0.0)])
+def test_checkpoint_policy_out_of_range_is_refused(tmp_path: Path, every: int, max_age: float) -> None:
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        HandledStore(tmp_path / "x.sqlite3", checkpoint_every=every, checkpoint_max_age=max_age)
