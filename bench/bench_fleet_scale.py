@@ -17,6 +17,9 @@ What runs (2 cores, loopback only):
           same fleet processes publishing the same bytes with `js.publish` (no publisher, no `Nats-Msg-Id`), and per
           tenant a raw pull consumer (`fetch` + `ack`) in the same controller processes.
 
+Every Python process runs on the event loop the shipped ones choose (`harmonaize.event_loop`: uvloop where installed,
+`HZ_EVENT_LOOP=asyncio` for asyncio's own), raw's publishers and consumers too, since they share the processes.
+
 Figures per target: events published and delivered (unique ids at a handler; delivered / published must be 1),
 duplicates, latency from the event's scheduled time to its handler (p50/p99/max over every event; an event not
 delivered within `--grace` s counts as infinitely late), CPU in cores over the measured window of the broker, the
@@ -48,6 +51,7 @@ from _benchutil import (
     Deadline,
     clean_nan,
     ensure_repo_on_path,
+    event_loop_choice,
     fmt,
     git_state,
     loadavg,
@@ -62,6 +66,8 @@ ensure_repo_on_path()
 import nats  # noqa: E402
 from bench_broker import PlainServer  # noqa: E402
 from bench_events import FleetProcess, _exit_with_parent  # noqa: E402
+
+from harmonaize import event_loop  # noqa: E402
 
 HOST = "127.0.0.1"
 ADMIN_TOKEN = "bench-fleet-scale-admin-token-0123456789"
@@ -449,7 +455,8 @@ def render(args: argparse.Namespace, results: dict[str, Any], meta: dict[str, An
         f"bench_fleet_scale  {meta['date']}  {meta['machine']}  code: {meta['git']}",
         f"{args.hosts} hosts at {args.rate:g} Hz into {args.tenants} tenants' streams ({args.hosts * args.rate:g} "
         f"events/s), {args.fleet_procs} fleet and {args.ctl_procs} controller processes; ours {args.seconds:g} s, "
-        f"raw {args.raw_seconds:g} s; load average at start {meta['loadavg']}",
+        f"raw {args.raw_seconds:g} s; event loop {meta['event_loop']} in every Python process; load average at start "
+        f"{meta['loadavg']}",
         "latency: the event's scheduled time to its handler, over every event (undelivered counts as infinite); "
         "CPU in cores over the window; memory: resident at the end",
         "",
@@ -508,19 +515,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role == "fleet":
-        return asyncio.run(fleet_role(args))
+        return event_loop.run(fleet_role(args), choice=event_loop_choice())
     if args.role == "controllers":
-        return asyncio.run(controllers_role(args))
+        return event_loop.run(controllers_role(args), choice=event_loop_choice())
     if args.dir:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-scale-", dir=args.dir))
     meta: dict[str, Any] = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                             "machine": machine_line(), "git": git_state(), "loadavg": loadavg(),
+                            "event_loop": event_loop_choice(),
                             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])}
     started = time.monotonic()
     try:
         budget = args.seconds + args.raw_seconds + 2 * args.grace + 900
-        results = asyncio.run(asyncio.wait_for(bench(args, workdir, meta), timeout=budget))
+        results = event_loop.run(asyncio.wait_for(bench(args, workdir, meta), timeout=budget),
+                                 choice=event_loop_choice())
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
