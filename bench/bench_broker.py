@@ -96,9 +96,11 @@ TIMEOUTS = (asyncio.TimeoutError, nats.errors.TimeoutError)
 class PlainServer:
     """A nats-server with a minimal config written here: no accounts, JetStream file store, loopback only."""
 
-    def __init__(self, directory: Path, *, sync_always: bool, name: str) -> None:
+    def __init__(self, directory: Path, *, sync_always: bool, name: str, sync_interval: str | None = None) -> None:
         self.directory = directory
         self.sync_always = sync_always
+        self.sync_interval = "always" if sync_always else sync_interval
+        """What goes into `sync_interval` (None: nats-server's default, 2 minutes)."""
         self.name = name
         self.port = free_port(HOST)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -109,7 +111,7 @@ class PlainServer:
 
     def config_text(self) -> str:
         store = json.dumps(str(self.directory / "jetstream"))
-        sync = "\n  sync_interval: always" if self.sync_always else ""
+        sync = f"\n  sync_interval: {self.sync_interval}" if self.sync_interval else ""
         return (
             f'server_name: "{self.name}"\nhost: "{HOST}"\nport: {self.port}\nmax_payload: 1MB\n'
             f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"

@@ -68,6 +68,7 @@ from bench_broker import PlainServer  # noqa: E402
 from bench_events import FleetProcess, _exit_with_parent  # noqa: E402
 
 from harmonaize import event_loop  # noqa: E402
+from harmonaize.broker_sync import check_sync_interval  # noqa: E402
 
 HOST = "127.0.0.1"
 ADMIN_TOKEN = "bench-fleet-scale-admin-token-0123456789"
@@ -318,8 +319,9 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
 
     secret = PROVIDER_SECRET.encode()
     ours_server = NatsServer(workdir / "ours", accounts_text=render_accounts(ProviderKeys(secret), []), host=HOST,
-                             server_name="bench-ours")
-    plain = PlainServer(workdir / "plain", sync_always=True, name="bench-plain")
+                             server_name="bench-ours", sync_interval=args.sync)
+    plain = PlainServer(workdir / "plain", sync_always=args.sync == "always", sync_interval=args.sync,
+                        name="bench-plain")
     api_port = free_port(HOST)
     api_url = f"http://{HOST}:{api_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HZ_")} | {
@@ -455,8 +457,8 @@ def render(args: argparse.Namespace, results: dict[str, Any], meta: dict[str, An
         f"bench_fleet_scale  {meta['date']}  {meta['machine']}  code: {meta['git']}",
         f"{args.hosts} hosts at {args.rate:g} Hz into {args.tenants} tenants' streams ({args.hosts * args.rate:g} "
         f"events/s), {args.fleet_procs} fleet and {args.ctl_procs} controller processes; ours {args.seconds:g} s, "
-        f"raw {args.raw_seconds:g} s; event loop {meta['event_loop']} in every Python process; load average at start "
-        f"{meta['loadavg']}",
+        f"raw {args.raw_seconds:g} s; JetStream sync_interval {args.sync} on both brokers; event loop "
+        f"{meta['event_loop']} in every Python process; load average at start {meta['loadavg']}",
         "latency: the event's scheduled time to its handler, over every event (undelivered counts as infinite); "
         "CPU in cores over the window; memory: resident at the end",
         "",
@@ -491,6 +493,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fleet-procs", type=int, default=2, help="processes playing the hosts (default 2)")
     ap.add_argument("--ctl-procs", type=int, default=2, help="processes running the controllers (default 2)")
     ap.add_argument("--connections", type=int, default=8, help="NATS connections per fleet process (default 8)")
+    ap.add_argument("--sync", default="always",
+                    help="JetStream sync_interval of both brokers: always (default, as shipped: an fsync before every "
+                         "PubAck and an fsync'd rewrite of a consumer's state file up to 10 times a second) or a "
+                         "period such as 1s (HZ_BROKER_SYNC_INTERVAL), to see what that durability costs")
     ap.add_argument("--dir", type=Path, help="parent of the temp dir (stores, logs)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH ('-': stdout, no table)")
@@ -508,6 +514,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.rate <= 0 or args.seconds <= 0 or args.raw_seconds <= 0:
         ap.error("--rate, --seconds and --raw-seconds must be positive")
+    try:
+        check_sync_interval(args.sync)
+    except ValueError as exc:
+        ap.error(f"--sync: {exc}")
     args.json_only = args.json == "-"
     return args
 
