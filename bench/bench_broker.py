@@ -96,9 +96,10 @@ TIMEOUTS = (asyncio.TimeoutError, nats.errors.TimeoutError)
 class PlainServer:
     """A nats-server with a minimal config written here: no accounts, JetStream file store, loopback only."""
 
-    def __init__(self, directory: Path, *, sync_always: bool, name: str, sync_interval: str | None = None) -> None:
+    def __init__(
+        self, directory: Path, *, name: str, sync_always: bool = False, sync_interval: str | None = None
+    ) -> None:
         self.directory = directory
-        self.sync_always = sync_always
         self.sync_interval = "always" if sync_always else sync_interval
         """What goes into `sync_interval` (None: nats-server's default, 2 minutes)."""
         self.name = name

@@ -320,8 +320,7 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
     secret = PROVIDER_SECRET.encode()
     ours_server = NatsServer(workdir / "ours", accounts_text=render_accounts(ProviderKeys(secret), []), host=HOST,
                              server_name="bench-ours", sync_interval=args.sync)
-    plain = PlainServer(workdir / "plain", sync_always=args.sync == "always", sync_interval=args.sync,
-                        name="bench-plain")
+    plain = PlainServer(workdir / "plain", sync_interval=args.sync, name="bench-plain")
     api_port = free_port(HOST)
     api_url = f"http://{HOST}:{api_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HZ_")} | {
@@ -524,22 +523,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    loop = event_loop_choice()
     if args.role == "fleet":
-        return event_loop.run(fleet_role(args), choice=event_loop_choice())
+        return event_loop.run(fleet_role(args), choice=loop)
     if args.role == "controllers":
-        return event_loop.run(controllers_role(args), choice=event_loop_choice())
+        return event_loop.run(controllers_role(args), choice=loop)
     if args.dir:
         args.dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="hz-bench-scale-", dir=args.dir))
     meta: dict[str, Any] = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                             "machine": machine_line(), "git": git_state(), "loadavg": loadavg(),
-                            "event_loop": event_loop_choice(),
+                            "event_loop": loop,
                             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])}
     started = time.monotonic()
     try:
         budget = args.seconds + args.raw_seconds + 2 * args.grace + 900
-        results = event_loop.run(asyncio.wait_for(bench(args, workdir, meta), timeout=budget),
-                                 choice=event_loop_choice())
+        results = event_loop.run(asyncio.wait_for(bench(args, workdir, meta), timeout=budget), choice=loop)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -236,6 +236,14 @@ class HandledStore:
 
     def _maintain(self, interval: float) -> None:
         db: sqlite3.Connection | None = None
+
+        def connection() -> sqlite3.Connection:
+            """Opened on first use, in this loop: a failure to open is retried like any other housekeeping failure."""
+            nonlocal db
+            if db is None:
+                db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
+            return db
+
         checkpointed_at_commits, checkpointed_at = self._wal_commits, time.monotonic()
         try:
             while not self._stop.wait(interval):
@@ -243,17 +251,13 @@ class HandledStore:
                     unchecked = self._wal_commits - checkpointed_at_commits
                     age = time.monotonic() - checkpointed_at
                     if unchecked >= self._checkpoint_every or (unchecked and age >= self._checkpoint_max_age):
-                        if db is None:
-                            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
                         committed = self._wal_commits  # before: a commit during the checkpoint counts for the next one
-                        self._checkpoint(db)
+                        self._checkpoint(connection())
                         checkpointed_at_commits, checkpointed_at = committed, time.monotonic()
                         self.checkpoints += 1
                     if self._writes - self._pruned_at_writes >= PRUNE_EVERY:
-                        if db is None:
-                            db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
                         self._pruned_at_writes = self._writes
-                        self._prune_with(db, now=time.time())
+                        self._prune_with(connection(), now=time.time())
                 except Exception as exc:  # busy, a full disk...: try again next interval; the writer is unaffected
                     _log.warning("handled-event store %s: housekeeping failed (%r); retrying", self.path, exc)
         finally:
