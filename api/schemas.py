@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from api.models import Job
-from broker_config.streams import ACK_WAIT_BOUNDS_S, ACK_WAIT_S
+from broker_config.streams import ACK_WAIT_BOUNDS_S, ACK_WAIT_S, ConsumerPosition
 from harmonaize.events import EventKind
 from harmonaize.global_batch import inexact_worlds
 from harmonaize.ids import ID_PATTERN, HostId, JobId, TenantId
@@ -262,6 +262,30 @@ class EventConsumerUpdate(_Body):
         le=ACK_WAIT_BOUNDS_S[1],
         description="Seconds before an unacknowledged event is redelivered (e.g. after the reader crashed).",
     )
+    position: ConsumerPosition = Field(
+        default="broker",
+        description=(
+            "Who keeps the consumer's ack point across a broker restart. 'broker': the broker keeps it on disk. "
+            "'reader': the broker keeps it in memory only (far cheaper for the broker); after a restart the "
+            "consumer is gone and the reader asks for it again with `start_after`, the stream sequence it recorded "
+            "below which everything was acknowledged. An existing consumer asked for with the other position is "
+            "re-created from its ack floor."
+        ),
+    )
+    start_after: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**63 - 1,
+        description="Deliver from the stream sequence after this one; used only when the consumer is created.",
+    )
+    stream_created: str | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "The `stream_created` of the reply `start_after` was read under: if the stream has been re-created "
+            "since, `start_after` counts in another stream and is ignored (the consumer delivers from the start)."
+        ),
+    )
 
     @field_validator("kinds", "jobs")
     @classmethod
@@ -279,6 +303,10 @@ class EventConsumerPublic(BaseModel):
     js_api_prefix: str
     filter_subjects: list[str]
     ack_wait_s: float
+    position: ConsumerPosition
+    stream_created: str | None = Field(
+        default=None, description="When the events stream was created: names this incarnation of it."
+    )
 
 
 class CapacityPublic(BaseModel):

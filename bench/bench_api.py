@@ -128,12 +128,14 @@ class BenchBroker:
         )
 
     async def ensure_consumer(
-        self, tenant: str, name: str, *, filter_subjects: Sequence[str] = (), ack_wait_s: float = 30.0
+        self, tenant: str, name: str, *, filter_subjects: Sequence[str] = (), ack_wait_s: float = 30.0,
+        position: str = "broker", start_after: int | None = None, stream_created: str | None = None,
     ) -> Any:
         from broker_config.accounts import EventConsumer
 
         return EventConsumer(name=name, stream=f"HZ_T_{tenant}", js_api_prefix="$JS.hz.API",
-                             filter_subjects=list(filter_subjects), ack_wait_s=ack_wait_s)
+                             filter_subjects=list(filter_subjects), ack_wait_s=ack_wait_s,
+                             position=position)  # type: ignore[arg-type]
 
 
 def ours_settings(data_dir: Path, database_url: str) -> Any:

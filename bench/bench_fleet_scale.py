@@ -12,8 +12,10 @@ What runs (2 cores, loopback only):
           Carbon CloudEvent for the job of tenant `host % tenants` every 1/rate s, open loop, hosts spread evenly over
           the second) and `--ctl-procs` processes of controllers (per tenant a `ControllerRuntime` exactly as
           `harmonaize controller run` builds it: its own NATS connection with the tenant's seed, its consumer created
-          by the API, a SQLite `HandledStore`, one typed Carbon handler).
-* raw     a plain nats-server (one account, a stream and a pull consumer per tenant, same configs, same fsync), the
+          by the API and kept by the controller, in the broker's memory, as the SDK ships (`--position broker`: on
+          the broker's disk), a SQLite `HandledStore`, one typed Carbon handler).
+* raw     a plain nats-server (one account, a stream and a durable pull consumer per tenant on the broker's disk, as
+          nats-py makes it, same configs, same fsync), the
           same fleet processes publishing the same bytes with `js.publish` (no publisher, no `Nats-Msg-Id`), and per
           tenant a raw pull consumer (`fetch` + `ack`) in the same controller processes.
 
@@ -263,7 +265,7 @@ async def controllers_role(args: argparse.Namespace) -> int:
 
         api = ProviderApi(base_url=spec["api_url"], token=cred["token"])
         closers.append(api)
-        source = NatsEventSource(servers=spec["ours_url"], seed=cred["seed"], api=api)
+        source = NatsEventSource(servers=spec["ours_url"], seed=cred["seed"], api=api, position=spec["position"])
         store = HandledStore(workdir / f"handled-{cred['tenant']}.sqlite3")
         runtime = ControllerRuntime(ctl, source=source, api=api, store=store, drain_timeout=5.0)
         tasks.append(asyncio.create_task(runtime.run(stop)))
@@ -372,6 +374,7 @@ async def bench(args: argparse.Namespace, workdir: Path, meta: dict[str, Any]) -
         spec = workdir / "spec.json"
         spec.write_text(json.dumps({"ours_url": ours_server.url, "raw_url": plain.url, "api_url": api_url,
                                     "hosts": args.hosts, "tenants": [c["tenant"] for c in credentials],
+                                    "position": args.position,
                                     "credentials": credentials}))
         me = str(Path(__file__).resolve())
         for part in range(args.ctl_procs):
@@ -456,7 +459,8 @@ def render(args: argparse.Namespace, results: dict[str, Any], meta: dict[str, An
         f"bench_fleet_scale  {meta['date']}  {meta['machine']}  code: {meta['git']}",
         f"{args.hosts} hosts at {args.rate:g} Hz into {args.tenants} tenants' streams ({args.hosts * args.rate:g} "
         f"events/s), {args.fleet_procs} fleet and {args.ctl_procs} controller processes; ours {args.seconds:g} s, "
-        f"raw {args.raw_seconds:g} s; JetStream sync_interval {args.sync} on both brokers; event loop "
+        f"raw {args.raw_seconds:g} s; JetStream sync_interval {args.sync} on both brokers; ours' consumers kept by "
+        f"the {'controller (broker memory)' if args.position == 'reader' else 'broker (its disk)'}; event loop "
         f"{meta['event_loop']} in every Python process; load average at start {meta['loadavg']}",
         "latency: the event's scheduled time to its handler, over every event (undelivered counts as infinite); "
         "CPU in cores over the window; memory: resident at the end",
@@ -496,6 +500,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="JetStream sync_interval of both brokers: always (default, as shipped: an fsync before every "
                          "PubAck and an fsync'd rewrite of a consumer's state file up to 10 times a second) or a "
                          "period such as 1s (HZ_BROKER_SYNC_INTERVAL), to see what that durability costs")
+    ap.add_argument("--position", choices=["reader", "broker"], default="reader",
+                    help="who keeps ours' consumer positions: reader (default, as the SDK ships: the broker holds "
+                         "the consumer in memory, the controller records its ack floor) or broker (on its disk, as "
+                         "raw's are)")
     ap.add_argument("--dir", type=Path, help="parent of the temp dir (stores, logs)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH ('-': stdout, no table)")

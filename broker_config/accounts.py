@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from broker_config.streams import ConsumerPosition
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class EventConsumer:
     js_api_prefix: str
     filter_subjects: list[str]
     ack_wait_s: float
+    position: ConsumerPosition = "broker"
+    """Who keeps its ack point across a broker restart (broker_config.streams.ConsumerPosition)."""
+    stream_created: str | None = None
+    """When the stream was created: names this incarnation of it, which a reader's recorded position belongs to."""
 
 
 class TenantBroker(Protocol):
@@ -71,7 +78,17 @@ class TenantBroker(Protocol):
         ...
 
     async def ensure_consumer(
-        self, tenant: str, name: str, *, filter_subjects: Sequence[str], ack_wait_s: float
+        self,
+        tenant: str,
+        name: str,
+        *,
+        filter_subjects: Sequence[str],
+        ack_wait_s: float,
+        position: ConsumerPosition = "broker",
+        start_after: int | None = None,
+        stream_created: str | None = None,
     ) -> EventConsumer:
-        """Create or update a tenant's durable pull consumer; filters must lie in the tenant's slice."""
+        """Create or update a tenant's durable pull consumer; filters must lie in the tenant's slice. `start_after`
+        (a stream sequence) applies only when the consumer is created, and only in the stream created at
+        `stream_created` (when given)."""
         ...

@@ -15,6 +15,7 @@ mode would be the step up for a broker run by a separate team.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -39,7 +40,13 @@ from broker_config.render import (
     write_atomically,
 )
 from broker_config.server import BrokerError, check_accounts_text
-from broker_config.streams import ACK_WAIT_S, TENANT_STREAM_MAX_BYTES, tenant_events_stream, tenant_pull_consumer
+from broker_config.streams import (
+    ACK_WAIT_S,
+    TENANT_STREAM_MAX_BYTES,
+    ConsumerPosition,
+    tenant_events_stream,
+    tenant_pull_consumer,
+)
 from harmonaize.subjects import tenant_subject_prefix
 
 
@@ -214,20 +221,57 @@ class NatsTenantBroker:
             await _reload_and_wait(system, self._reload, deadline=deadline)
 
     async def ensure_consumer(
-        self, tenant: str, name: str, *, filter_subjects: Sequence[str] = (), ack_wait_s: float = ACK_WAIT_S
+        self,
+        tenant: str,
+        name: str,
+        *,
+        filter_subjects: Sequence[str] = (),
+        ack_wait_s: float = ACK_WAIT_S,
+        position: ConsumerPosition = "broker",
+        start_after: int | None = None,
+        stream_created: str | None = None,
     ) -> EventConsumer:
         """Create (or update) a tenant's durable pull consumer; its filters must lie inside the tenant's slice.
 
         Tenants cannot create consumers themselves (see render.py), so the provider does it for them, as a pull
-        consumer with no delivery subject.
+        consumer with no delivery subject. `start_after` applies only to a consumer that does not exist yet (one
+        kept by its reader and lost to a broker restart), and only if the stream is still the one created at
+        `stream_created` (when given); an existing consumer keeps where it is. A consumer asked for with the other
+        `position` is re-created from its ack floor: nats-server cannot change a consumer's storage.
         """
-        config = tenant_pull_consumer(tenant, name, filter_subjects=filter_subjects, ack_wait_s=ack_wait_s)
+        tenant_pull_consumer(  # refuse a bad request before reaching for the broker
+            tenant, name, filter_subjects=filter_subjects, ack_wait_s=ack_wait_s, position=position,
+            start_after=start_after,
+        )
         try:
             provider = await connect_with_seed(self.servers, self.keys.provider.seed, timeout=self.ready_timeout)
         except Exception as exc:
             raise BrokerError(f"cannot reach the broker: {exc!r}") from exc
+        stream = tenant_stream_name(tenant)
+        js = provider.jetstream()
         try:
-            info = await provider.jetstream().add_consumer(tenant_stream_name(tenant), config)
+            stream_info = await js.stream_info(stream)
+            created = stream_info.created.isoformat() if stream_info.created else None
+            try:
+                existing = await js.consumer_info(stream, name)
+            except NotFoundError:
+                existing = None
+            if existing is not None and bool(existing.config.mem_storage) != (position == "reader"):
+                start_after = existing.ack_floor.stream_seq if existing.ack_floor else None
+                with contextlib.suppress(NotFoundError):  # another replica moved it first
+                    await js.delete_consumer(stream, name)
+                existing = None
+            elif existing is None and stream_created is not None and stream_created != created:
+                start_after = None  # counted in a stream that has been re-created since: start from the beginning
+            config = tenant_pull_consumer(
+                tenant, name, filter_subjects=filter_subjects, ack_wait_s=ack_wait_s, position=position,
+                start_after=start_after if existing is None else None,
+            )
+            if existing is not None:  # where it delivers from is fixed at creation
+                config.deliver_policy = existing.config.deliver_policy
+                config.opt_start_seq = existing.config.opt_start_seq
+                config.opt_start_time = existing.config.opt_start_time
+            info = await js.add_consumer(stream, config)
         except Exception as exc:
             raise BrokerError(f"the broker refused consumer {name!r}: {exc}") from exc
         finally:
@@ -241,4 +285,6 @@ class NatsTenantBroker:
             js_api_prefix=TENANT_JS_PREFIX,
             filter_subjects=filters,
             ack_wait_s=float(info.config.ack_wait or ack_wait_s),
+            position="reader" if info.config.mem_storage else "broker",
+            stream_created=created,
         )

@@ -13,7 +13,8 @@ credentials from HZ_TENANT, HZ_TENANT_TOKEN, HZ_TENANT_NATS_SEED, HZ_NATS_URL, H
         offer = await job.negotiate(scale_to=job.workers, accept=(job.workers - 1, job.workers))
         await offer.accept()
 
-Guarantees: events arrive through a durable consumer (a restart resumes where it stopped); each handler finishes
+Guarantees: events arrive through a durable consumer (a restart of the controller or of the broker resumes where it
+stopped: the broker keeps the consumer in memory and the controller records its position); each handler finishes
 each CloudEvent once (its outcome is recorded with the event id before the ack, so redeliveries and duplicate publishes
 are skipped); a handler's errors decide retries (`TemporaryError`, `PermanentError`, `retries=`, `backoff=`);
 `@ctl.on_resync` handlers run periodically against the job's current state, so a lost event cannot leave the

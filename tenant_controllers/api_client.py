@@ -37,6 +37,7 @@ from tenant_controllers.errors import (
     NotFoundError,
 )
 from tenant_controllers.idempotency import current_traceparent, new_idempotency_key
+from tenant_controllers.sources import StreamPosition
 
 __all__ = ["EventConsumerInfo", "ProviderApi"]
 
@@ -53,6 +54,10 @@ class EventConsumerInfo:
     stream: str
     js_api_prefix: str
     filter_subjects: tuple[str, ...]
+    position: str = "broker"
+    """Who keeps its ack point across a broker restart: "broker" or "reader" (see `NatsEventSource`)."""
+    stream_created: str | None = None
+    """Names this incarnation of the stream (a recorded position belongs to one)."""
 
 
 class _Ambiguous(Exception):
@@ -104,12 +109,26 @@ class ProviderApi:
         return JobPublic.model_validate(reply.json())
 
     async def put_event_consumer(
-        self, name: str, *, kinds: Sequence[EventKind], jobs: Sequence[str], ack_wait_s: float | None = None
+        self,
+        name: str,
+        *,
+        kinds: Sequence[EventKind],
+        jobs: Sequence[str],
+        ack_wait_s: float | None = None,
+        position: str | None = None,
+        start_after: StreamPosition | None = None,
     ) -> EventConsumerInfo:
-        """Create or update this tenant's durable pull consumer (idempotent)."""
+        """Create or update this tenant's durable pull consumer (idempotent). `position` "reader": we keep its ack
+        point across broker restarts; `start_after`: a consumer created now starts after it (if the stream is still
+        the one it was recorded in)."""
         body: dict[str, Any] = {"kinds": sorted({str(kind) for kind in kinds}), "jobs": sorted(set(jobs))}
         if ack_wait_s is not None:
             body["ack_wait_s"] = ack_wait_s
+        if position is not None:
+            body["position"] = position
+        if start_after is not None:
+            body["start_after"] = start_after.sequence
+            body["stream_created"] = start_after.stream_created
         reply = await self._request("PUT", f"/v1/event-consumers/{validate_id('consumer', name)}", json=body)
         data = reply.json()
         return EventConsumerInfo(
@@ -117,6 +136,8 @@ class ProviderApi:
             stream=data["stream"],
             js_api_prefix=data["js_api_prefix"],
             filter_subjects=tuple(data.get("filter_subjects", ())),
+            position=data.get("position", "broker"),
+            stream_created=data.get("stream_created"),
         )
 
     # -- negotiations ------------------------------------------------------------------------------------------------

@@ -82,6 +82,8 @@ class PullStream:
         self.problems: deque[str] = deque(maxlen=100)
         """The latest status messages that were neither heartbeats nor expiries (a deleted consumer, a leader
         change...); bounded, since a consumer that stays gone produces one every few seconds."""
+        self.problems_count = 0
+        """How many such status messages came in all (`problems` keeps only the latest)."""
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_message)
@@ -196,6 +198,7 @@ class PullStream:
         else:
             description = msg.headers.get(_DESCRIPTION, "") if msg.headers else ""
             self.problems.append(f"{status} {description}".strip())
+            self.problems_count += 1
             _log.warning("pull request ended by the broker: %s %s; asking again in %.2f s", status, description,
                          self._backoff)
             self._quiet_until = time.monotonic() + self._backoff

@@ -14,7 +14,10 @@ Structure (kopf's reactor, reduced to what a tenant controller needs):
   `group_commit`). While a
   event is held (queued in its lane or being handled), its ack deadline is extended, so a slow or retrying handler
   does not get its event, or the events queued behind it, redelivered meanwhile. At most `max_in_flight` events are
-  held at once: prefetching more than the lanes can handle only ties events to a process that might die.
+  held at once: prefetching more than the lanes can handle only ties events to a process that might die;
+* for a source whose consumer the broker may lose (`NatsEventSource`, consumers kept by their reader), a position
+  ticker records the broker's ack floor in the store every `heartbeat_interval`, and once more at the stop; the next
+  start hands it back (`Subscription.resume_after`), so a consumer lost while nobody ran resumes there.
 
 Stopping (`stop` set): the pull loop ends, handlers that are running finish their current attempt (up to
 `drain_timeout`), and every event not finished is handed back to the broker (nak) for the next run.
@@ -142,7 +145,10 @@ class ControllerRuntime:
         self._stop = stop
         self._load_latest()
         subscription = Subscription(
-            consumer=self.controller.consumer, kinds=self.controller.kinds, jobs=self.controller.jobs
+            consumer=self.controller.consumer,
+            kinds=self.controller.kinds,
+            jobs=self.controller.jobs,
+            resume_after=self.store.position(self.controller.name, self.controller.consumer),
         )
         if not await self._open(subscription):
             await self.source.close()
@@ -150,6 +156,7 @@ class ControllerRuntime:
         self._start_lanes()
         ticker = asyncio.create_task(self._resync_ticker(), name="hz-resync") if self._resyncs_enabled else None
         heartbeat = asyncio.create_task(self._keep_alive(), name="hz-heartbeat")
+        positions = asyncio.create_task(self._position_ticker(), name="hz-position")
         self.ready.set()
         self._log.info(
             "controller %s running: jobs %s, kinds %s, consumer %s",
@@ -170,7 +177,9 @@ class ControllerRuntime:
             await self._drain(patience)
             await self._acks.drain()  # what the lanes finished is committed and acked before the source closes
             heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            positions.cancel()
+            await asyncio.gather(heartbeat, positions, return_exceptions=True)
+            await self._record_position()
             await self.source.close()
             self._log.info("controller %s stopped (%s)", self.controller.name, self.stats)
 
@@ -380,6 +389,28 @@ class ControllerRuntime:
                 await delivery.in_progress()
             if source_keep_alive is not None:
                 await source_keep_alive()
+
+    async def _position_ticker(self) -> None:
+        """Its own task: asking the broker for the ack floor may take a while when it is busy or restarting, and must
+        not delay the heartbeat that keeps held events' ack deadlines."""
+        if getattr(self.source, "position", None) is None:
+            return
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            await self._record_position()
+
+    async def _record_position(self) -> None:
+        """Record where the broker has every event acked, for a source whose consumer the broker may lose
+        (optional: see sources.EventSource); the next start, or the source itself, resumes after it."""
+        source_position = getattr(self.source, "position", None)
+        if source_position is None:
+            return
+        try:
+            position = await source_position()
+            if position is not None:
+                self.store.save_position(self.controller.name, self.controller.consumer, position)
+        except Exception as exc:  # a full disk, say: the next heartbeat tries again, the events flow on
+            self._log.warning("could not record the consumer's position (%r)", exc)
 
     # -- resync ------------------------------------------------------------------------------------------------------
 

@@ -18,16 +18,27 @@ from typing import Protocol, runtime_checkable
 
 from harmonaize.events import EventKind
 
-__all__ = ["Delivery", "EventSource", "Subscription"]
+__all__ = ["Delivery", "EventSource", "StreamPosition", "Subscription"]
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Every event at or below `sequence` of the stream is acked. `stream_created` (as the provider's reply gives it)
+    names one incarnation of the stream, so a position never carries over to a stream re-created since."""
+
+    sequence: int
+    stream_created: str
 
 
 @dataclass(frozen=True)
 class Subscription:
-    """What a controller wants: its durable consumer's name, the kinds it handles and its jobs."""
+    """What a controller wants: its durable consumer's name, the kinds it handles and its jobs, and the stream
+    position its store recorded as acked (where a consumer lost with the broker starts again; None: none recorded)."""
 
     consumer: str
     kinds: tuple[EventKind, ...]
     jobs: tuple[str, ...]
+    resume_after: StreamPosition | None = None
 
 
 @runtime_checkable
@@ -73,3 +84,6 @@ class EventSource(Protocol):
 
     # Optional: `async def keep_alive(self) -> None`, called with the runtime's heartbeat, for a source that holds
     # deliveries it has not returned yet (a prefetch buffer): it extends their ack deadline as `in_progress` does.
+    # Optional: `async def position(self) -> StreamPosition | None`, called with the heartbeat too, for a source whose
+    # consumer the broker may lose: where every event is acked up to (None: unknown). The runtime records it in its
+    # store and passes it back as `Subscription.resume_after` on the next start.

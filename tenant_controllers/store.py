@@ -33,7 +33,13 @@ or the `flush` the runtime calls before acking an event no handler recorded. So 
 one commit, and none is acked before its observation is in the file. Deferring the write loses nothing: until the event
 is acked the broker redelivers it, and observing it again decides the same. A commit that fails keeps what was staged
 for the next one, so while the file cannot be written (a full disk), every event fails and is handed back rather than
-any being acked unrecorded. Files written by the first layout (`user_version` 0) are migrated when opened.
+any being acked unrecorded. Files written by the first layout (`user_version` 0) are migrated when opened; layout 2
+added `positions` (a table created when a layout-1 file is opened).
+
+Positions: per controller and consumer, the stream sequence at or below which the broker had every event acked (its
+ack floor), which the runtime records every heartbeat. Every ack follows the commit of its event's records, so nothing
+at or below it is unrecorded; a consumer the broker lost (kept in its memory, see `NatsEventSource`) is asked for again
+from just after it. It only rises, within one incarnation of the stream (a re-created stream starts a new one).
 
 Records can also be staged (`stage`) and written together (`commit`): the runtime commits once for every event
 finished in one turn of its event loop and acks them after that commit (`tenant_controllers.group_commit`), instead of
@@ -58,6 +64,7 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from tenant_controllers.errors import ControllerError
+from tenant_controllers.sources import StreamPosition
 
 __all__ = ["HandledRecord", "HandledStore", "Status", "StoreVersionError"]
 
@@ -80,7 +87,7 @@ SAFETY_CHECKPOINT_PAGES = 10_000
 """The writer's own automatic checkpoint, ~40 MB of WAL: never reached while the maintenance thread keeps up, and
 a bound on the WAL if it ever stops."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _TABLES = """
 CREATE TABLE IF NOT EXISTS handled (
     controller TEXT NOT NULL,
@@ -100,18 +107,25 @@ CREATE TABLE IF NOT EXISTS latest (
     event      TEXT NOT NULL,
     PRIMARY KEY (controller, job, type)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS positions (
+    controller TEXT NOT NULL,
+    consumer   TEXT NOT NULL,
+    stream_seq INTEGER NOT NULL,
+    stream_created TEXT NOT NULL,
+    PRIMARY KEY (controller, consumer)
+) WITHOUT ROWID;
 """
 _FROM_VERSION_0 = """
 BEGIN IMMEDIATE;
 DROP INDEX IF EXISTS handled_at;
 ALTER TABLE handled RENAME TO handled_v0;
 ALTER TABLE latest RENAME TO latest_v0;
-""" + _TABLES + """
+""" + _TABLES + f"""
 INSERT INTO handled SELECT controller, event_id, handler, status, outcome, at FROM handled_v0;
 INSERT INTO latest SELECT controller, job, type, time, event_id, event FROM latest_v0;
 DROP TABLE handled_v0;
 DROP TABLE latest_v0;
-PRAGMA user_version = 1;
+PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
 
@@ -119,6 +133,13 @@ COMMIT;
 _RECORD = (
     "INSERT OR REPLACE INTO handled (controller, event_id, handler, status, outcome, at) VALUES (?, ?, ?, ?, ?, ?)"
 )
+_SAVE_POSITION = """
+INSERT INTO positions (controller, consumer, stream_seq, stream_created) VALUES (?, ?, ?, ?)
+ON CONFLICT (controller, consumer) DO UPDATE SET
+    stream_seq = CASE WHEN stream_created = excluded.stream_created THEN max(stream_seq, excluded.stream_seq)
+                      ELSE excluded.stream_seq END,
+    stream_created = excluded.stream_created
+"""
 _OBSERVE = "INSERT OR REPLACE INTO latest (controller, job, type, time, event_id, event) VALUES (?, ?, ?, ?, ?, ?)"
 
 
@@ -173,6 +194,8 @@ class HandledStore:
         self._staged: dict[tuple[str, str, str], tuple[str, str, float]] = {}
         """Records not yet in the file: (controller, event id, handler) -> (status, outcome JSON, at); see `stage`."""
         self._newest_loaded: set[str] = set()
+        self._positions: dict[tuple[str, str], StreamPosition] = {}
+        """What `save_position` last wrote, so an unchanged position costs no write."""
         self._writes = 0
         self._pruned_at_writes = 0
         self._wal_commits = 0
@@ -374,6 +397,30 @@ class HandledStore:
         with _transaction(db):
             db.executemany("DELETE FROM handled WHERE controller = ? AND event_id = ? AND handler = ?", keys)
         return len(keys)
+
+    # -- consumer positions ------------------------------------------------------------------------------------------
+
+    def position(self, controller: str, consumer: str) -> StreamPosition | None:
+        """Where this consumer was last recorded as acked up to (None: never)."""
+        row = self._db.execute(
+            "SELECT stream_seq, stream_created FROM positions WHERE controller = ? AND consumer = ?",
+            (controller, consumer),
+        ).fetchone()
+        return StreamPosition(int(row[0]), row[1]) if row else None
+
+    def save_position(self, controller: str, consumer: str, position: StreamPosition) -> None:
+        """Record that every event up to `position` is acked; a lower sequence of the same stream changes nothing."""
+        if position.sequence < 0:
+            raise ValueError(f"a stream sequence is 0 or more, not {position.sequence}")
+        key = (controller, consumer)
+        saved = self._positions.get(key)
+        if saved == position or (
+            saved is not None and saved.stream_created == position.stream_created and saved.sequence > position.sequence
+        ):
+            return
+        self._db.execute(_SAVE_POSITION, (controller, consumer, position.sequence, position.stream_created))
+        self._positions[key] = position
+        self._wal_commits += 1
 
     # -- newest observations -----------------------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ async def put_event_consumer(
 ) -> EventConsumerPublic:
     """Create or update a durable pull consumer on the caller's events stream; idempotent."""
     consumer = await ensure_event_consumer(
-        broker, tenant_id=tenant.id, name=name, kinds=body.kinds, jobs=body.jobs, ack_wait_s=body.ack_wait_s
+        broker, tenant_id=tenant.id, name=name, kinds=body.kinds, jobs=body.jobs, ack_wait_s=body.ack_wait_s,
+        position=body.position, start_after=body.start_after, stream_created=body.stream_created,
     )
     return EventConsumerPublic(
         name=consumer.name,
@@ -26,4 +27,6 @@ async def put_event_consumer(
         js_api_prefix=consumer.js_api_prefix,
         filter_subjects=consumer.filter_subjects,
         ack_wait_s=consumer.ack_wait_s,
+        position=consumer.position,
+        stream_created=consumer.stream_created,
     )

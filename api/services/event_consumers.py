@@ -13,6 +13,7 @@ from itertools import product
 from api.services.errors import BrokerUnavailableError
 from broker_config.accounts import EventConsumer, TenantBroker
 from broker_config.server import BrokerError
+from broker_config.streams import ConsumerPosition
 from harmonaize.events import EventKind
 from harmonaize.subjects import tenant_events_filter, tenant_slice
 
@@ -34,9 +35,15 @@ async def ensure_event_consumer(
     kinds: Sequence[EventKind],
     jobs: Sequence[str],
     ack_wait_s: float,
+    position: ConsumerPosition = "broker",
+    start_after: int | None = None,
+    stream_created: str | None = None,
 ) -> EventConsumer:
     filters = consumer_filters(tenant_id, kinds=kinds, jobs=jobs)
     try:
-        return await broker.ensure_consumer(tenant_id, name, filter_subjects=filters, ack_wait_s=ack_wait_s)
+        return await broker.ensure_consumer(
+            tenant_id, name, filter_subjects=filters, ack_wait_s=ack_wait_s, position=position,
+            start_after=start_after, stream_created=stream_created,
+        )
     except BrokerError as exc:
         raise BrokerUnavailableError(str(exc)) from exc

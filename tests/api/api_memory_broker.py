@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import nkeys
 
 from broker_config.accounts import EventConsumer, TenantAccount, TenantNatsCredentials, UserKeys
+from broker_config.streams import ConsumerPosition
 
 SERVERS = ["nats://in-memory.invalid:4222"]
 JS_API_PREFIX = "$JS.hz.API"
@@ -29,6 +30,8 @@ class InMemoryBroker:
         self.applied: list[list[TenantAccount]] = []
         self.issued: list[UserKeys] = []
         self.consumers: dict[tuple[str, str], EventConsumer] = {}
+        self.starts: dict[tuple[str, str], int | None] = {}
+        """The `start_after` each consumer was last asked for with."""
 
     @property
     def serving(self) -> list[TenantAccount]:
@@ -58,10 +61,12 @@ class InMemoryBroker:
 
 
     async def ensure_consumer(
-        self, tenant: str, name: str, *, filter_subjects: Sequence[str], ack_wait_s: float
+        self, tenant: str, name: str, *, filter_subjects: Sequence[str], ack_wait_s: float,
+        position: ConsumerPosition = "broker", start_after: int | None = None, stream_created: str | None = None,
     ) -> EventConsumer:
         consumer = EventConsumer(name=name, stream=f"HZ_T_{tenant}", js_api_prefix=JS_API_PREFIX,
-                                 filter_subjects=list(filter_subjects), ack_wait_s=ack_wait_s)
+                                 filter_subjects=list(filter_subjects), ack_wait_s=ack_wait_s, position=position)
+        self.starts[(tenant, name)] = start_after
         self.consumers[(tenant, name)] = consumer
         return consumer
 

@@ -1,4 +1,5 @@
-"""A tenant's durable consumer survives broker restarts; tenants added at runtime work without one."""
+"""A tenant's durable consumer survives broker restarts (kept by the broker, or by its reader, which asks for it
+again from where it recorded); tenants added at runtime work without one."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js.api import ConsumerInfo
+from nats.js.errors import NotFoundError
 
 from broker_config.accounts import TenantAccount, UserKeys
 from broker_config.provisioner import NatsTenantBroker
 from broker_config.render import TENANT_JS_PREFIX
 from broker_config.server import NatsServer
+from broker_config.streams import ConsumerPosition
 from tests.support import Inbox, connect_probe, eventually
 
 pytestmark = pytest.mark.asyncio
@@ -121,3 +125,95 @@ async def test_tenant_added_at_runtime_consumes_within_2s_and_existing_connectio
     assert acme.client.is_connected and provider.is_connected
     assert acme.errors == []
     await asyncio.gather(client.close(), provider.close(), acme.client.close())
+
+
+async def _consumer_info(tenant_broker: NatsTenantBroker, name: str) -> ConsumerInfo | None:
+    provider = await tenant_broker.provider_connection()
+    try:
+        return await provider.jetstream().consumer_info("HZ_T_acme", name)
+    except NotFoundError:
+        return None
+    finally:
+        await provider.close()
+
+
+async def test_a_reader_kept_consumer_lives_in_memory_is_gone_after_a_restart_and_resumes_where_asked(
+    nats_server: NatsServer, tenant_broker: NatsTenantBroker, two_tenants: dict[str, UserKeys]
+) -> None:
+    """position="reader": the broker writes no state file for it (in memory only), so a restart loses it; asked for
+    again with the ack floor the reader recorded (and the stream it was recorded in), it delivers from just after."""
+    created = await tenant_broker.ensure_consumer("acme", "ctl", position="reader")
+    assert created.position == "reader" and created.stream_created
+    info = await _consumer_info(tenant_broker, "ctl")
+    assert info is not None and info.config.mem_storage
+    await _publish(tenant_broker, "acme", range(10))
+    acme = await nats.connect(nats_server.url, nkeys_seed_str=two_tenants["acme"].seed)
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    for msg in await sub.fetch(4, timeout=2.0):
+        await msg.ack_sync()
+    await acme.close()
+    info = await _consumer_info(tenant_broker, "ctl")
+    assert info is not None and info.ack_floor is not None
+    floor = info.ack_floor.stream_seq
+    assert floor == 4
+
+    nats_server.stop()
+    nats_server.start()
+    assert await _consumer_info(tenant_broker, "ctl") is None, "a memory-kept consumer outlived the restart"
+    again = await tenant_broker.ensure_consumer(
+        "acme", "ctl", position="reader", start_after=floor, stream_created=created.stream_created
+    )
+    assert again.stream_created == created.stream_created, "the stream itself survived the restart"
+    acme = await nats.connect(nats_server.url, nkeys_seed_str=two_tenants["acme"].seed)
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    assert await _drain(sub, expect=6) == [4, 5, 6, 7, 8, 9], "lost or redelivered after the reader's position"
+    await acme.close()
+
+    # Asked for again while it exists: it stays where it is (start_after applies only to a new consumer).
+    await tenant_broker.ensure_consumer("acme", "ctl", position="reader", start_after=0,
+                                        stream_created=created.stream_created)
+    info = await _consumer_info(tenant_broker, "ctl")
+    assert info is not None and info.ack_floor is not None and info.ack_floor.stream_seq == 10
+
+
+async def test_a_position_recorded_in_a_stream_since_re_created_is_ignored(
+    nats_server: NatsServer, tenant_broker: NatsTenantBroker, two_tenants: dict[str, UserKeys]
+) -> None:
+    """A reader whose state outlived the stream (a provider that wiped the broker's storage) must not skip the new
+    stream's first events: its start_after names the old stream, so the consumer delivers from the start."""
+    first = await tenant_broker.ensure_consumer("acme", "ctl", position="reader")
+    assert first.stream_created
+    await _publish(tenant_broker, "acme", range(3))
+    consumer = await tenant_broker.ensure_consumer(
+        "acme", "fresh", position="reader", start_after=2, stream_created="2001-01-01T00:00:00Z"
+    )
+    assert consumer.stream_created == first.stream_created
+    acme = await nats.connect(nats_server.url, nkeys_seed_str=two_tenants["acme"].seed)
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("fresh", stream="HZ_T_acme")
+    assert await _drain(sub, expect=3) == [0, 1, 2]
+    await acme.close()
+
+
+@pytest.mark.parametrize(("before", "after"), [("broker", "reader"), ("reader", "broker")])
+async def test_a_consumer_asked_for_with_the_other_position_moves_keeping_its_ack_floor(
+    nats_server: NatsServer, tenant_broker: NatsTenantBroker, two_tenants: dict[str, UserKeys],
+    before: ConsumerPosition, after: ConsumerPosition,
+) -> None:
+    """A controller upgraded to keep its own position meets the broker-kept consumer of its earlier version (or the
+    other way round): nats-server cannot change a consumer's storage, so it is re-created from its ack floor."""
+    await tenant_broker.ensure_consumer("acme", "ctl", position=before)
+    await _publish(tenant_broker, "acme", range(6))
+    acme = await nats.connect(nats_server.url, nkeys_seed_str=two_tenants["acme"].seed)
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    for msg in await sub.fetch(2, timeout=2.0):
+        await msg.ack_sync()
+    await acme.close()
+
+    moved = await tenant_broker.ensure_consumer("acme", "ctl", position=after)
+    assert moved.position == after
+    info = await _consumer_info(tenant_broker, "ctl")
+    assert info is not None and bool(info.config.mem_storage) == (after == "reader")
+    acme = await nats.connect(nats_server.url, nkeys_seed_str=two_tenants["acme"].seed)
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    assert await _drain(sub, expect=4) == [2, 3, 4, 5], "the move lost the consumer's place"
+    await acme.close()

@@ -13,7 +13,8 @@ from harmonaize.events import CarbonIntensity, Failure
 from tenant_controllers import Controller, Job, TemporaryError
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.memory import Faults, MemoryBroker, MemoryEventSource
-from tenant_controllers.store import HandledStore, Status
+from tenant_controllers.sources import StreamPosition
+from tenant_controllers.store import SCHEMA_VERSION, HandledStore, Status
 from tests.controllers.support import T0, carbon, failure, running
 from tests.support import eventually
 
@@ -259,8 +260,51 @@ def test_a_state_file_of_the_first_layout_is_migrated_with_everything_it_remembe
             "the newest observation came through the migration"
         )
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone() == (1,)
+    assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     assert db.execute("SELECT name FROM sqlite_master WHERE name LIKE '%_v0' OR name = 'handled_at'").fetchall() == []
+    db.close()
+
+
+def test_a_consumers_position_only_rises_within_its_stream_and_survives_a_reopen(tmp_path: Path) -> None:
+    """Where a consumer the broker lost starts again: a late, lower reading (an older heartbeat's) must not move it
+    back, but a position in a re-created stream (another `stream_created`) replaces the old one outright."""
+    path = tmp_path / "positions.sqlite3"
+    with HandledStore(path) as store:
+        assert store.position("c", "ctl-job-c") is None
+        store.save_position("c", "ctl-job-c", StreamPosition(40, "2026-12-01T00:00:00+00:00"))
+        store.save_position("c", "ctl-job-c", StreamPosition(12, "2026-12-01T00:00:00+00:00"))
+        store.save_position("c", "other", StreamPosition(7, "2026-12-01T00:00:00+00:00"))
+        assert store.position("c", "ctl-job-c") == StreamPosition(40, "2026-12-01T00:00:00+00:00")
+    with HandledStore(path) as store:
+        assert store.position("c", "ctl-job-c") == StreamPosition(40, "2026-12-01T00:00:00+00:00")
+        store.save_position("c", "ctl-job-c", StreamPosition(12, "2026-12-01T00:00:00+00:00"))
+        assert store.position("c", "ctl-job-c") == StreamPosition(40, "2026-12-01T00:00:00+00:00"), (
+            "the file, not only this process, keeps the highest"
+        )
+        store.save_position("c", "ctl-job-c", StreamPosition(3, "2026-12-05T00:00:00+00:00"))
+        assert store.position("c", "ctl-job-c") == StreamPosition(3, "2026-12-05T00:00:00+00:00")
+        assert store.position("c", "other") == StreamPosition(7, "2026-12-01T00:00:00+00:00")
+        with pytest.raises(ValueError, match="0 or more"):
+            store.save_position("c", "ctl-job-c", StreamPosition(-1, "2026-12-05T00:00:00+00:00"))
+    # A file of layout 1 (no positions table) gets one when opened.
+    old = tmp_path / "layout1.sqlite3"
+    db = sqlite3.connect(old)
+    db.executescript("""
+        CREATE TABLE handled (controller TEXT NOT NULL, event_id TEXT NOT NULL, handler TEXT NOT NULL,
+            status TEXT NOT NULL, outcome TEXT, at REAL NOT NULL, PRIMARY KEY (controller, event_id, handler))
+            WITHOUT ROWID;
+        CREATE TABLE latest (controller TEXT NOT NULL, job TEXT NOT NULL, type TEXT NOT NULL, time TEXT NOT NULL,
+            event_id TEXT NOT NULL, event TEXT NOT NULL, PRIMARY KEY (controller, job, type)) WITHOUT ROWID;
+        INSERT INTO handled VALUES ('c', 'e1', 'h', 'done', '7', 1.0);
+        PRAGMA user_version = 1;
+    """)
+    db.close()
+    with HandledStore(old, retention=timedelta(days=365 * 100)) as store:
+        assert store.finished_handlers("c", "e1") == {"h"}
+        store.save_position("c", "ctl", StreamPosition(5, "s"))
+        assert store.position("c", "ctl") == StreamPosition(5, "s")
+    db = sqlite3.connect(old)
+    assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     db.close()
 
 

@@ -14,6 +14,7 @@ from harmonaize.events import CarbonIntensity, CloudEvent, Failure, FailureKind
 from tenant_controllers import Controller, Job, PermanentError, TemporaryError
 from tenant_controllers.api_client import ProviderApi
 from tenant_controllers.nats_source import NatsEventSource
+from tenant_controllers.sources import StreamPosition
 from tenant_controllers.store import HandledStore, Status
 from tests.controllers.live_cloud import LiveCloud
 from tests.controllers.support import carbon, failure, running
@@ -94,4 +95,47 @@ async def test_the_pull_loop_survives_a_broker_restart(cloud: LiveCloud, tmp_pat
                 await asyncio.to_thread(cloud.nats_server.start)
                 await cloud.publish(carbon(200))
                 await eventually(lambda: seen == [100.0, 200.0], timeout=15, what="event after the restart")
+                info = await cloud.consumer_info(ctl.consumer)
     assert not [e for e in source.errors if "permission" in e.lower()], source.errors
+    assert source.recreated == 1, "the consumer, kept in the broker's memory, was lost and asked for again"
+    assert info.config.mem_storage, "the controller keeps its own position: the broker writes no state file for it"
+
+
+async def test_a_broker_restarted_while_the_controller_is_down_resumes_at_the_recorded_position(
+    cloud: LiveCloud, tmp_path: Path
+) -> None:
+    """The broker's restart loses the consumer while nobody runs: the next run asks for it again from the position
+    the store recorded, so it receives only what is new, not the stream from its start (which de-duplication would
+    absorb, at the cost of re-reading days of events)."""
+    await cloud.create_job("llm-finetune")
+    ctl = Controller(tenant="acme", job="llm-finetune", name="resumer")
+    seen: list[float] = []
+
+    @ctl.on(CarbonIntensity)
+    async def on_carbon(event: CarbonIntensity) -> None:
+        seen.append(event.g_per_kwh)
+
+    async with ProviderApi(base_url=cloud.api_url, token=cloud.token) as api:
+        with HandledStore(tmp_path / "handled.sqlite3") as store:
+            source = NatsEventSource(servers=cloud.nats_url, seed=cloud.seed, api=api)
+            async with running(ctl, source=source, api=api, store=store, heartbeat_interval=0.1):
+                for value in (100, 200, 300):
+                    await cloud.publish(carbon(value))
+                await eventually(lambda: len(seen) == 3, timeout=10, what="three events handled")
+                await eventually(
+                    lambda: (store.position(ctl.name, ctl.consumer) or _NONE).sequence == 3,
+                    timeout=10, what="the position of the third event recorded",
+                )
+            await asyncio.to_thread(cloud.nats_server.stop)
+            await asyncio.to_thread(cloud.nats_server.start)
+            await cloud.publish(carbon(400))
+            source = NatsEventSource(servers=cloud.nats_url, seed=cloud.seed, api=api)
+            async with running(ctl, source=source, api=api, store=store) as runtime:
+                await eventually(lambda: len(seen) == 4, timeout=15, what="the event published while down")
+                info = await cloud.consumer_info(ctl.consumer)
+    assert seen == [100.0, 200.0, 300.0, 400.0]
+    assert runtime.stats.received == 1 and runtime.stats.duplicates == 0, "it started after the recorded position"
+    assert info.config.opt_start_seq == 4
+
+
+_NONE = StreamPosition(-1, "")

@@ -119,3 +119,26 @@ async def test_event_consumer_ack_wait_is_the_tenants_choice_within_bounds(
     for bad in (0, 0.5, 601, "soon"):
         refused = await api.put("/v1/event-consumers/ctl", json={"ack_wait_s": bad}, headers=headers)
         assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "body.ack_wait_s", refused.text
+
+
+async def test_event_consumer_position_and_start_are_the_tenants_choice_and_checked(
+    api: httpx.AsyncClient, tenant_broker: NatsTenantBroker
+) -> None:
+    """Through the REST API: a reader-kept consumer is created in the broker's memory, from the sequence asked for;
+    a bad position or start is refused with the field named, and the consumer is left as it was."""
+    acme = await create_tenant(api, "acme")
+    headers = {"Authorization": f"Bearer {acme['api_token']}"}
+    plain = (await api.put("/v1/event-consumers/ctl", json={}, headers=headers)).json()
+    assert plain["position"] == "broker" and plain["stream_created"]
+    body = {"position": "reader", "start_after": 41, "stream_created": plain["stream_created"]}
+    reader = await api.put("/v1/event-consumers/mine", json=body, headers=headers)
+    assert reader.status_code == 200 and reader.json()["position"] == "reader", reader.text
+    provider = await tenant_broker.provider_connection()
+    info = await provider.jetstream().consumer_info("HZ_T_acme", "mine")
+    assert info.config.mem_storage and info.config.opt_start_seq == 42
+    bad_values = (("position", "disk"), ("start_after", -1), ("start_after", "soon"), ("stream_created", "x" * 65))
+    for field, bad in bad_values:
+        refused = await api.put("/v1/event-consumers/mine", json={**body, field: bad}, headers=headers)
+        assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == f"body.{field}", refused.text
+    assert (await provider.jetstream().consumer_info("HZ_T_acme", "mine")).config == info.config
+    await provider.close()

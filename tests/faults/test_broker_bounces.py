@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from nats.js.errors import NotFoundError
 
 from broker_config.render import tenant_stream_name
 from harmonaize.event_loop import resolve_event_loop
@@ -107,7 +108,10 @@ async def test_every_event_is_handled_exactly_once_while_the_broker_bounces(
                          what="the controller handling every event")
 
         async def settled() -> bool:
-            info = await cloud.consumer_info(CONSUMER)
+            try:
+                info = await cloud.consumer_info(CONSUMER)
+            except NotFoundError:  # kept in the broker's memory: gone with the last restart until the controller
+                return False  # notices and asks for it again, from the position it recorded
             return info.num_pending == 0 and info.num_ack_pending == 0
 
         await eventually(settled, timeout=60, interval=0.2, what="every delivery (redeliveries included) acked")
