@@ -127,6 +127,17 @@ async def test_tenant_added_at_runtime_consumes_within_2s_and_existing_connectio
     await asyncio.gather(client.close(), provider.close(), acme.client.close())
 
 
+async def _ack_first(nats_server: NatsServer, seed: str, count: int) -> None:
+    """As acme's reader: fetch `count` events from consumer `ctl` and ack each, acknowledged by the server."""
+    acme = await nats.connect(nats_server.url, nkeys_seed_str=seed)
+    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
+    batch = await sub.fetch(count, timeout=2.0)
+    assert len(batch) == count
+    for msg in batch:
+        await msg.ack_sync()
+    await acme.close()
+
+
 async def _consumer_info(tenant_broker: NatsTenantBroker, name: str) -> ConsumerInfo | None:
     provider = await tenant_broker.provider_connection()
     try:
@@ -147,11 +158,7 @@ async def test_a_reader_kept_consumer_lives_in_memory_is_gone_after_a_restart_an
     info = await _consumer_info(tenant_broker, "ctl")
     assert info is not None and info.config.mem_storage
     await _publish(tenant_broker, "acme", range(10))
-    acme = await nats.connect(nats_server.url, nkeys_seed_str=two_tenants["acme"].seed)
-    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
-    for msg in await sub.fetch(4, timeout=2.0):
-        await msg.ack_sync()
-    await acme.close()
+    await _ack_first(nats_server, two_tenants["acme"].seed, 4)
     info = await _consumer_info(tenant_broker, "ctl")
     assert info is not None and info.ack_floor is not None
     floor = info.ack_floor.stream_seq
@@ -203,11 +210,7 @@ async def test_a_consumer_asked_for_with_the_other_position_moves_keeping_its_ac
     other way round): nats-server cannot change a consumer's storage, so it is re-created from its ack floor."""
     await tenant_broker.ensure_consumer("acme", "ctl", position=before)
     await _publish(tenant_broker, "acme", range(6))
-    acme = await nats.connect(nats_server.url, nkeys_seed_str=two_tenants["acme"].seed)
-    sub = await acme.jetstream(prefix=TENANT_JS_PREFIX).pull_subscribe_bind("ctl", stream="HZ_T_acme")
-    for msg in await sub.fetch(2, timeout=2.0):
-        await msg.ack_sync()
-    await acme.close()
+    await _ack_first(nats_server, two_tenants["acme"].seed, 2)
 
     moved = await tenant_broker.ensure_consumer("acme", "ctl", position=after)
     assert moved.position == after
