@@ -198,11 +198,7 @@ class NatsEventSource:
         return StreamPosition(consumer.ack_floor.stream_seq, self._info.stream_created)
 
     def _raise_floor(self, floor: StreamPosition | None) -> None:
-        if floor is None:
-            return
-        if self._floor is None or self._floor.stream_created != floor.stream_created:
-            self._floor = floor
-        elif floor.sequence > self._floor.sequence:
+        if floor is not None and floor.supersedes(self._floor):
             self._floor = floor
 
     async def _check_consumer(self) -> None:
@@ -296,4 +292,3 @@ class NatsEventSource:
         except (TimeoutError, nats.errors.Error, OSError):
             pass
         await nc.close()
-

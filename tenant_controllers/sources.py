@@ -29,6 +29,10 @@ class StreamPosition:
     sequence: int
     stream_created: str
 
+    def supersedes(self, other: StreamPosition | None) -> bool:
+        """Whether this is news beside `other`: further on in the same stream, or in another (re-created) stream."""
+        return other is None or other.stream_created != self.stream_created or self.sequence > other.sequence
+
 
 @dataclass(frozen=True)
 class Subscription:

@@ -413,10 +413,7 @@ class HandledStore:
         if position.sequence < 0:
             raise ValueError(f"a stream sequence is 0 or more, not {position.sequence}")
         key = (controller, consumer)
-        saved = self._positions.get(key)
-        if saved == position or (
-            saved is not None and saved.stream_created == position.stream_created and saved.sequence > position.sequence
-        ):
+        if not position.supersedes(self._positions.get(key)):
             return
         self._db.execute(_SAVE_POSITION, (controller, consumer, position.sequence, position.stream_created))
         self._positions[key] = position
