@@ -156,6 +156,18 @@ def proc_cpu_seconds(pid: int | None) -> float:
         return math.nan
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all cores, everything but idle and I/O wait; Linux /proc/stat),
+    NaN where unavailable: beside a process's own CPU it tells whether the machine, not the process, was the limit."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return math.nan
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    # guest time is already counted in user time: only the first eight fields add up to the total
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def write_json(path: str, payload: dict[str, Any]) -> None:
     text = json.dumps(payload, indent=2, default=_json_default, allow_nan=False)
     if path == "-":

@@ -62,6 +62,7 @@ from _benchutil import (
     fmt,
     git_state,
     loadavg,
+    machine_busy_seconds,
     machine_line,
     median,
     package_version,
@@ -71,6 +72,7 @@ from _benchutil import (
     table,
     write_json,
 )
+from _cpu_quota import CpuQuota
 
 ensure_repo_on_path()
 
@@ -252,9 +254,9 @@ def serve(kind: str, port: int, data_dir: Path, database_url: str, fd: int | Non
     _exit_with_parent()
     app = build_ours(data_dir, database_url) if kind == "ours" else build_baseline(data_dir, database_url)
     # Keep-alive longer than uvicorn's 5 s default: a connection sits idle while the other scenarios of a round run.
-    # `fd`: a socket bound by the parent, shared with the other replicas, handed to uvicorn as a socket object of its
-    # real family (as `harmonaize api serve --replicas` does): uvicorn's own `fd=` wraps it as AF_UNIX, so the loop
-    # leaves TCP_NODELAY off on its connections and Nagle's algorithm holds every response ~40 ms.
+    # `fd`: this replica's own listening socket on the replicas' address, made by the parent, handed to uvicorn as a
+    # socket object of its real family (as `harmonaize api serve --replicas` does): uvicorn's own `fd=` wraps it as
+    # AF_UNIX, so the loop leaves TCP_NODELAY off on its connections and Nagle's algorithm holds every response ~40 ms.
     config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", access_log=False, lifespan="on",
                             timeout_keep_alive=120, loop=event_loop_choice())
     sockets = None if fd is None else [socket.socket(fileno=fd)]
@@ -271,10 +273,12 @@ def serve(kind: str, port: int, data_dir: Path, database_url: str, fd: int | Non
 
 
 class ServerProcess:
-    """One server subprocess, or with `replicas` > 1 that many sharing one listening socket bound here (as
-    `harmonaize api serve --replicas N` runs them): the kernel spreads the load's connections among them."""
+    """One server subprocess, or with `replicas` > 1 that many, each listening on a socket of its own on one address
+    held here, as `harmonaize api serve --replicas N` runs them (`harmonaize_cli.api_replicas`): the kernel spreads the
+    load's connections among them by a hash of their addresses."""
 
-    def __init__(self, kind: str, data_dir: Path, database_url: str, *, replicas: int = 1) -> None:
+    def __init__(self, kind: str, data_dir: Path, database_url: str, *, replicas: int = 1,
+                 cpu_limit: float | None = None) -> None:
         from broker_config.server import free_port  # loopback free-port helper
 
         self.kind = kind
@@ -284,7 +288,9 @@ class ServerProcess:
         self.replicas = replicas
         self.log = data_dir / f"{kind}-server.log"
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.listener: socket.socket | None = None
+        self.reserved: socket.socket | None = None
+        self.cpu_limit = cpu_limit  # cores per process (`_cpu_quota`), or None: as much as the machine gives
+        self.quotas: list[CpuQuota] = []
 
     @property
     def url(self) -> str:
@@ -293,21 +299,27 @@ class ServerProcess:
     def start(self) -> None:
         argv = [sys.executable, str(Path(__file__).resolve()), "--serve", self.kind, "--port", str(self.port),
                 "--data-dir", str(self.data_dir), "--database-url", self.database_url]
-        fds: tuple[int, ...] = ()
+        from harmonaize_cli.api_replicas import replica_listener, reserve_address
+
         if self.replicas > 1:
-            self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.listener.bind((HOST, self.port))
-            self.listener.listen(2048)
-            self.listener.set_inheritable(True)
-            fds = (self.listener.fileno(),)
-            argv += ["--fd", str(self.listener.fileno())]
+            self.reserved = reserve_address(HOST, self.port)
         with open(self.log, "ab") as log:
-            for _ in range(self.replicas):
-                self.procs.append(subprocess.Popen(
-                    argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parent.parent),
-                    pass_fds=fds,
-                ))
+            for i in range(self.replicas):
+                quota = None if self.cpu_limit is None else CpuQuota(f"{self.kind}-{i}", self.cpu_limit)
+                if quota is not None:
+                    self.quotas.append(quota)
+                listener = None if self.reserved is None else replica_listener((HOST, self.port))
+                try:
+                    self.procs.append(subprocess.Popen(
+                        argv + ([] if listener is None else ["--fd", str(listener.fileno())]), stdout=log,
+                        stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parent.parent),
+                        pass_fds=() if listener is None else (listener.fileno(),),
+                    ))
+                finally:
+                    if listener is not None:
+                        listener.close()  # the replica's now
+                if quota is not None:  # still importing: held from (almost) its first instruction
+                    quota.add(self.procs[-1].pid)
 
     async def wait_ready(self, path: str, timeout: float = 30.0) -> None:
         deadline = Deadline(timeout)
@@ -332,6 +344,10 @@ class ServerProcess:
         except OSError:
             return "no log"
 
+    def throttled_seconds(self) -> float:
+        """Seconds the processes were held back by their CPU quotas so far (0 without quotas)."""
+        return sum(quota.throttled_s() for quota in self.quotas)
+
     def cpu_seconds(self) -> float:
         """user + system CPU time of the server processes so far (Linux /proc), NaN where unavailable."""
         return sum(proc_cpu_seconds(proc.pid) for proc in self.procs) if self.procs else math.nan
@@ -347,9 +363,12 @@ class ServerProcess:
                 proc.kill()
                 proc.wait()
         self.procs = []
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
+        for quota in self.quotas:
+            quota.release()
+        self.quotas = []
+        if self.reserved is not None:
+            self.reserved.close()
+            self.reserved = None
 
 
 RequestFactory = Callable[[int], tuple[str, str, Any, dict[str, str] | None]]
@@ -513,11 +532,11 @@ async def run_load(clients: LoadClients, make: RequestFactory, n: int, concurren
             latencies.append(time.perf_counter() - t0)
             statuses[str(status)] += 1
 
-    cpu0, own0 = server.cpu_seconds(), time.process_time()
+    cpu0, own0, busy0 = server.cpu_seconds(), time.process_time(), machine_busy_seconds()
     start = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - start
-    cpu1, own1 = server.cpu_seconds(), time.process_time()
+    cpu1, own1, busy1 = server.cpu_seconds(), time.process_time(), machine_busy_seconds()
     done = len(latencies)
     return {
         "n": done,
@@ -527,6 +546,7 @@ async def run_load(clients: LoadClients, make: RequestFactory, n: int, concurren
         "p99_ms": percentile(latencies, 99) * 1e3,
         "server_cpu": (cpu1 - cpu0) / elapsed if elapsed else math.nan,
         "client_cpu": (own1 - own0) / elapsed if elapsed else math.nan,
+        "machine_cpu": (busy1 - busy0) / elapsed if elapsed else math.nan,
         "statuses": dict(statuses),
         "latencies": latencies,
     }

@@ -54,7 +54,12 @@ histograms read before and after each recorded run (means exact, p50/p99 interpo
 
 Run from the repository root: `python bench/bench_negotiations.py` (~60-80 s), `--quick` (~15 s),
 `--postgres [URL]` to repeat on PostgreSQL (a fresh database, dropped afterwards), `--replicas N` to serve each side
-from N processes sharing one socket (scaling on PostgreSQL: compare runs at 1 and N), `--rate 50 --open-loop-only`
+from N processes on one address, `--replicas 1,2,3` to run each count in turn (a fresh database each) and add a
+scaling table, with `--replica-cpu 0.2` to hold every server process to a fifth of a core (`_cpu_quota`: on a
+machine smaller than N full replicas, the quota, not the machine, bounds each one, so whether N of them carry N
+times the load is the software's answer; with `--hosts 64 --host-gpus 8` the cycles' accepts write different hosts,
+as on a provider's 8-GPU hosts, rather than all the same two: bench/README.md has the command, ~2.5 min),
+`--rate 50 --open-loop-only`
 for the open loop alone (~75 s per rate and backend, `--quick` ~35 s), `--help` for sizes.
 No timed assertions: it prints figures. Every loop is bounded in count and in time; only loopback addresses.
 """
@@ -89,6 +94,7 @@ from _benchutil import (
     fmt,
     git_state,
     loadavg,
+    machine_busy_seconds,
     machine_line,
     median,
     package_version,
@@ -102,6 +108,7 @@ ensure_repo_on_path()
 
 import bench_api  # noqa: E402  (also records sniffio's absence for httpcore, if it is absent)
 import httpx  # noqa: E402
+from _cpu_quota import CpuQuotaError, cpu_quota_root  # noqa: E402
 from bench_api import (  # noqa: E402
     ADMIN_TOKEN,
     CLIENT_BOUND_CPU,
@@ -217,7 +224,8 @@ async def setup_ours(client: httpx.AsyncClient, args: argparse.Namespace) -> dic
     created = await ok("POST", "/v1/tenants", {"id": "acme", "display_name": "Acme"}, admin)
     tenant = {"Authorization": f"Bearer {created['api_token']}"}
     for i in range(args.hosts):
-        await ok("POST", "/v1/hosts", {"id": f"h{i:03d}", "gpus": HOST_GPUS, "locality_group": f"rack-{i % 4}"}, admin)
+        await ok("POST", "/v1/hosts", {"id": f"h{i:03d}", "gpus": args.host_gpus, "locality_group": f"rack-{i % 4}"},
+                 admin)
     body = {"min_workers": 1, "max_workers": 4, "initial_workers": 1}
     for j in range(args.jobs):
         await ok("POST", "/v1/jobs", {"id": f"neg-{j:03d}", **body}, tenant)
@@ -271,11 +279,11 @@ async def run_cycles(clients: LoadClients, tenant: dict[str, str], n_requests: i
             except ERRORS as exc:
                 statuses[type(exc).__name__] += 1
 
-    cpu0, own0 = server.cpu_seconds(), time.process_time()
+    cpu0, own0, busy0 = server.cpu_seconds(), time.process_time(), machine_busy_seconds()
     start = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - start
-    cpu1, own1 = server.cpu_seconds(), time.process_time()
+    cpu1, own1, busy1 = server.cpu_seconds(), time.process_time(), machine_busy_seconds()
     return {
         "n": len(latencies),
         "cycles": cycles[0],
@@ -285,6 +293,7 @@ async def run_cycles(clients: LoadClients, tenant: dict[str, str], n_requests: i
         "p99_ms": percentile(latencies, 99) * 1e3,
         "server_cpu": (cpu1 - cpu0) / elapsed if elapsed else math.nan,
         "client_cpu": (own1 - own0) / elapsed if elapsed else math.nan,
+        "machine_cpu": (busy1 - busy0) / elapsed if elapsed else math.nan,
         "statuses": dict(statuses),
         "latencies": latencies,
     }
@@ -316,8 +325,8 @@ async def count_statements(workdir: Path, database_url: str = "") -> dict[str, i
             counts["commits"] += 1
 
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
-            args = argparse.Namespace(hosts=1, jobs=1, concurrency=1, open_loop_only=False, rate=[],
-                                      open_connections=0)
+            args = argparse.Namespace(hosts=1, host_gpus=HOST_GPUS, jobs=1, concurrency=1, open_loop_only=False,
+                                      rate=[], open_connections=0)
             setup = await setup_ours(client, args)
             tenant = setup["tenant"]
 
@@ -600,16 +609,16 @@ async def run_open_loops(args: argparse.Namespace, backend: str, ours: ServerPro
     return entries
 
 
-async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path,
-                        database_url: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """One backend's servers and setup, then the closed loop (unless `--open-loop-only`) and the open loop (for each
-    `--rate`): (closed-loop result or None, open-loop entries)."""
+async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path, database_url: str,
+                        replicas: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """One backend's servers (`replicas` processes a side) and setup, then the closed loop (unless `--open-loop-only`)
+    and the open loop (for each `--rate`): (closed-loop result or None, open-loop entries)."""
     from api.migrate import upgrade_async
 
-    data_dir = workdir / backend
+    data_dir = workdir / (backend if len(args.replicas) == 1 else f"{backend}-{replicas}")
     data_dir.mkdir(parents=True, exist_ok=True)
-    ours = ServerProcess("ours", data_dir, database_url, replicas=args.replicas)
-    base = ServerProcess("baseline", data_dir, database_url, replicas=args.replicas)
+    ours = ServerProcess("ours", data_dir, database_url, replicas=replicas, cpu_limit=args.replica_cpu)
+    base = ServerProcess("baseline", data_dir, database_url, replicas=replicas, cpu_limit=args.replica_cpu)
     try:
         base.start()
         await upgrade_async(ours_settings(data_dir, database_url))
@@ -620,6 +629,10 @@ async def bench_backend(args: argparse.Namespace, backend: str, workdir: Path,
             setup = await setup_ours(setup_client, args)
         closed = None if args.open_loop_only else await run_closed_loop(args, backend, ours, base, setup)
         open_entries = await run_open_loops(args, backend, ours, base, setup) if args.rate else []
+        for entry in ([closed] if closed else []) + open_entries:
+            entry["replicas"], entry["cpu_limit"] = replicas, args.replica_cpu
+        if closed is not None:
+            closed["throttled_s"] = {"ours": ours.throttled_seconds(), "baseline": base.throttled_seconds()}
         return closed, open_entries
     finally:
         ours.stop()
@@ -654,7 +667,7 @@ async def run_closed_loop(args: argparse.Namespace, backend: str, ours: ServerPr
         statuses: dict[str, Counter[str]] = {k: Counter() for k in SCENARIOS}
 
         lock_totals: dict[str, dict[str, float]] = {}
-        locks_measured = args.replicas == 1 and backend == "postgres"
+        locks_measured = ours.replicas == 1 and backend == "postgres"
 
         async def run(key: str, n: int, *, recorded: bool = False) -> dict[str, Any]:
             if key == "ours_cycle":
@@ -678,7 +691,8 @@ async def run_closed_loop(args: argparse.Namespace, backend: str, ours: ServerPr
                 statuses[key].update(result["statuses"])
                 results[key].append(result)
             if not args.json_only:
-                print(f"  {backend}: round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+                print(f"  {backend} ({ours.replicas} replica(s)): round {r + 1}/{args.rounds} done", file=sys.stderr,
+                      flush=True)
         summary = {
             key: {
                 "side": SCENARIOS[key][0],
@@ -690,6 +704,7 @@ async def run_closed_loop(args: argparse.Namespace, backend: str, ours: ServerPr
                 "p99_ms": percentile(latencies[key], 99) * 1e3,
                 "server_cpu": median(x["server_cpu"] for x in results[key]),
                 "client_cpu": median(x["client_cpu"] for x in results[key]),
+                "machine_cpu": median(x["machine_cpu"] for x in results[key]),
                 "server_cpu_ms": median(
                     x["server_cpu"] * x["elapsed_s"] * 1e3 / x["n"] if x["n"] else math.nan for x in results[key]
                 ),
@@ -717,8 +732,9 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], open_
     lines = [
         f"bench_negotiations  {meta['date']}  {meta['machine']}  code: {meta['git']}",
         f"uvicorn {meta['uvicorn']} ({meta['loop']}), fastapi {meta['fastapi']}, SQLAlchemy {meta['sqlalchemy']}, "
-        f"httpx {meta['httpx']}; {closed}{args.jobs} jobs for requests, {args.hosts} hosts; {args.replicas} server "
-        f"process(es) each, sharing one socket; load average at start {meta['loadavg']}",
+        f"httpx {meta['httpx']}; {closed}{args.jobs} jobs for requests, {args.hosts} hosts of {args.host_gpus} GPUs; "
+        f"{' then '.join(map(str, args.replicas))} server process(es) each, on one address"
+        f"{quota_words(args.replica_cpu)}; load average at start {meta['loadavg']}",
     ]
     if results:
         lines.append("req/s: median over rounds (min-max), ratio: median of per-round ratios; latencies: percentiles "
@@ -742,7 +758,10 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], open_
                 f"{v['rate_min']:,.0f}-{v['rate_max']:,.0f}", fmt(v["p50_ms"], "ms"), fmt(v["p99_ms"], "ms"),
                 f"{v['server_cpu']:.2f}/{v['client_cpu']:.2f}", fmt(v["server_cpu_ms"], "ms"), codes,
             ])
-        lines += ["", f"[{res['backend']}]",
+        held = res.get("throttled_s") or {}
+        lines += ["", f"[{section_name(args, res)}]" + (
+                  f" (held back by the quota: ours {held['ours']:.1f} s, baseline {held['baseline']:.1f} s)"
+                  if args.replica_cpu else ""),
                   table(["scenario", "req/s", "range", "p50 ms", "p99 ms", "CPU srv/cli", "srv CPU ms/req",
                          "status counts"], rows)]
         cyc = s["ours_cycle"]
@@ -764,12 +783,54 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], open_
                                fmt(ratio(s[a]["p50_ms"], s[b]["p50_ms"]), "x"),
                                fmt(ratio(s[a]["p99_ms"], s[b]["p99_ms"]), "x")])
         lines += ["", table(["ours / baseline", "req/s", "p50", "p99"], ratio_rows)]
+    if len(args.replicas) > 1 and results:
+        lines += ["", *render_scaling(args, results)]
     if flagged:
         lines.append(f"* the load generator used >= {CLIENT_BOUND_CPU} of a core: that figure is bounded by the "
                      "client, not the server (try --client raw)")
     if open_entries:
         lines += ["", *render_open_loop(args, open_entries)]
     return "\n".join(lines)
+
+
+def quota_words(cores: float | None) -> str:
+    return f", each held to {cores:g} of a core's time (a cgroup CPU quota)" if cores else ""
+
+
+def section_name(args: argparse.Namespace, entry: dict[str, Any]) -> str:
+    """A backend, and its replica count where a run compares several."""
+    if len(args.replicas) == 1:
+        return str(entry["backend"])
+    return f"{entry['backend']}, {entry['replicas']} replica{'s' if entry['replicas'] > 1 else ''}"
+
+
+def render_scaling(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[str]:
+    """Per backend: each scenario's req/s at every replica count, its speed-up over the fewest replicas (linear: the
+    count's own ratio), the server CPU per request (flat: no replica makes the others' requests dearer) and ours'
+    ratio to the baseline at that count."""
+    lines = [f"scaling with replicas{quota_words(args.replica_cpu)}: req/s (speed-up over {args.replicas[0]}; "
+             f"linear = the replica ratio), server CPU ms per request, the whole machine's busy cores (of "
+             f"{os.cpu_count()}; near all of them: the machine, not the replicas, was the limit)"]
+    for backend in dict.fromkeys(r["backend"] for r in results):
+        runs = sorted((r for r in results if r["backend"] == backend), key=lambda r: r["replicas"])
+        first = runs[0]
+        header = ["scenario", *(f"{r['replicas']} repl. req/s" for r in runs),
+                  *(f"{r['replicas']} repl. ms/req" for r in runs), "machine busy, cores"]
+        rows = []
+        for key, (side, label) in SCENARIOS.items():
+            rates = [r["summary"][key]["rate"] for r in runs]
+            rows.append([
+                f"{side:<8} {label}",
+                *(fmt(rate, "/s") + ("" if r is first else f" ({ratio(rate, rates[0]):.2f}x)")
+                  for r, rate in zip(runs, rates, strict=True)),
+                *(fmt(r["summary"][key]["server_cpu_ms"], "ms") for r in runs),
+                " / ".join(f"{r['summary'][key]['machine_cpu']:.2f}" for r in runs),
+            ])
+        for name, a, b in COMPARISONS:
+            rows.append([f"ours / baseline: {name}",
+                         *(fmt(r["paired_rate_ratios"][f"{a}/{b}"], "x") for r in runs), *("" for _ in runs), ""])
+        lines += [f"[{backend}]", table(header, rows)]
+    return lines
 
 
 def render_open_loop(args: argparse.Namespace, entries: list[dict[str, Any]]) -> list[str]:
@@ -785,9 +846,9 @@ def render_open_loop(args: argparse.Namespace, entries: list[dict[str, Any]]) ->
         "srv CPU ms: the server's CPU time per recorded answer (request + accept: per negotiation)",
     ]
     target = f"p99 <= {OPEN_TARGET_P99_MS:g} ms"
-    for backend in dict.fromkeys(e["backend"] for e in entries):
+    for backend in dict.fromkeys(section_name(args, e) for e in entries):
         rows, failures = [], []
-        mine = sorted((e for e in entries if e["backend"] == backend),
+        mine = sorted((e for e in entries if section_name(args, e) == backend),
                       key=lambda e: (e["offered_rate"], list(OPEN_SCENARIOS).index(e["scenario"])))
         for e in mine:
             name = f"{e['side']:<8} {e['label']}"
@@ -825,6 +886,18 @@ def parse_rates(ap: argparse.ArgumentParser, given: list[str]) -> list[float]:
     return rates
 
 
+def parse_replicas(ap: argparse.ArgumentParser, text: str) -> list[int]:
+    """`--replicas`: one count or a comma list, each 1-16, in rising order without repeats."""
+    counts: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit() or not 1 <= int(part) <= 16:
+            ap.error(f"--replicas: each count must be a whole number from 1 to 16, not {part!r}")
+        counts.append(int(part))
+    if not counts:
+        ap.error("--replicas: give a count, or a comma list of counts")
+    return sorted(set(counts))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, ~15 s")
@@ -836,16 +909,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="load generator (bench_api.py's): httpx.AsyncClient per connection (default), or raw")
     ap.add_argument("--cap", type=float, help="seconds cap per scenario run (default 10, quick 4)")
     ap.add_argument("--jobs", type=int, default=16, help="jobs the request -> offer scenario cycles over (16)")
-    ap.add_argument("--hosts", type=int, default=2, help=f"hosts of {HOST_GPUS} GPUs (default 2)")
+    ap.add_argument("--hosts", type=int, default=2, help="hosts (default 2)")
+    ap.add_argument("--host-gpus", type=int, default=HOST_GPUS,
+                    help=f"GPUs per host (default {HOST_GPUS}: two hosts hold every job, so every accept writes one "
+                         "of the\nsame two hosts' rows; 8 with --hosts 64 spreads the jobs, as a provider's "
+                         "8-GPU hosts would)")
     ap.add_argument("--postgres", nargs="?", const=DEFAULT_POSTGRES_URL, metavar="URL",
                     help=f"also run on PostgreSQL: a fresh database hz_bench_<random> on the server of URL, dropped "
                          f"afterwards (default {DEFAULT_POSTGRES_URL})")
     ap.add_argument("--no-sqlite", action="store_true", help="skip SQLite (with --postgres)")
     ap.add_argument("--dir", type=Path, help="parent of the temp dir for SQLite files and logs")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (databases, server logs)")
-    ap.add_argument("--replicas", type=int, default=1,
-                    help="server processes for ours and for the baseline, sharing one socket (as `harmonaize api "
-                         "serve --replicas N`); for PostgreSQL (default 1)")
+    ap.add_argument("--replicas", default="1", metavar="N[,N...]",
+                    help="server processes for ours and for the baseline, on one address (as `harmonaize api "
+                         "serve --replicas N`);\nfor PostgreSQL (default 1). A comma list runs each count in turn, "
+                         "each on a fresh database,\nand adds a scaling table: --replicas 1,2,3")
+    ap.add_argument("--replica-cpu", type=float, metavar="CORES",
+                    help="hold every server process (ours' and the baseline's) to CORES of CPU time by a cgroup "
+                         "quota of its own,\nso that N replicas fit the machine beside the database and the load "
+                         "generator and their sum\nsays whether they scale (needs root and a cgroup CPU controller)")
     ap.add_argument("--rate", action="append", default=[], metavar="R",
                     help="open loop: offer R requests/s (request + accept: R negotiations/s) as Poisson arrivals, "
                          "after the closed loop;\nrepeat it or give a comma list for several rates: --rate 25 --rate "
@@ -866,7 +948,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.quick else full)
-    for name in ("rounds", "requests", "concurrency", "jobs", "hosts", "replicas", "open_connections"):
+    args.replicas = parse_replicas(ap, args.replicas)
+    if args.replica_cpu is not None:
+        if not 0.05 <= args.replica_cpu <= 64:
+            ap.error(f"--replica-cpu must lie in [0.05, 64] cores, not {args.replica_cpu:g}")
+        try:
+            cpu_quota_root()
+        except CpuQuotaError as exc:
+            ap.error(f"--replica-cpu: {exc}")
+    for name in ("rounds", "requests", "concurrency", "jobs", "hosts", "host_gpus", "open_connections"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.no_sqlite and not args.postgres:
@@ -885,23 +975,25 @@ async def bench(args: argparse.Namespace, workdir: Path,
     """(closed-loop results per backend, open-loop entries of every backend)."""
     meta["round_trips"] = await count_statements(workdir)
     runs = []
-    if not args.no_sqlite:
-        runs.append(await bench_backend(args, "sqlite", workdir, ""))
-    if args.postgres:
-        name = f"hz_bench_{os.getpid()}_{secrets.token_hex(4)}"
-        await bench_api._pg_execute(args.postgres, f'CREATE DATABASE "{name}"')
-        try:
-            runs.append(await bench_backend(args, "postgres", workdir, bench_api._pg_url(args.postgres, name)))
-        finally:
-            await bench_api._pg_execute(args.postgres, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for replicas in args.replicas:
+        if not args.no_sqlite:
+            runs.append(await bench_backend(args, "sqlite", workdir, "", replicas))
+        if args.postgres:
+            name = f"hz_bench_{os.getpid()}_{secrets.token_hex(4)}"
+            await bench_api._pg_execute(args.postgres, f'CREATE DATABASE "{name}"')
+            try:
+                runs.append(await bench_backend(args, "postgres", workdir, bench_api._pg_url(args.postgres, name),
+                                                replicas))
+            finally:
+                await bench_api._pg_execute(args.postgres, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return [closed for closed, _ in runs if closed is not None], [e for _, entries in runs for e in entries]
 
 
 def time_limit(args: argparse.Namespace) -> float:
     """The whole run's hard deadline: the closed loop's 20 minutes, plus each open-loop run's own bound."""
-    backends = (0 if args.no_sqlite else 1) + (1 if args.postgres else 0)
+    backends = ((0 if args.no_sqlite else 1) + (1 if args.postgres else 0)) * len(args.replicas)
     per_run = float(args.open_warmup + args.open_duration) + OPEN_DRAIN_S + OPEN_SETTLE_S + 15
-    return 1200.0 + backends * len(args.rate) * len(OPEN_SCENARIOS) * per_run
+    return 1200.0 * len(args.replicas) + backends * len(args.rate) * len(OPEN_SCENARIOS) * per_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -919,6 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
         "loop": f"{event_loop_choice()}/{'httptools' if httptools else 'h11'}",
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "replicas": args.replicas,
+        "replica_cpu": args.replica_cpu,
         "loadavg": loadavg(),
         "git": git_state(),
     }

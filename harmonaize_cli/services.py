@@ -195,16 +195,16 @@ async def _serve(
 def _serve_replicas(settings: Settings, replicas: int, *, migrate: bool, args: list[str]) -> None:
     """Migrate once (not once per replica), bind the address, then supervise the replicas until stopped."""
     from harmonaize import event_loop
-    from harmonaize_cli.api_replicas import bind_listener, supervise
+    from harmonaize_cli.api_replicas import reserve_address, supervise
 
     if migrate:
         event_loop.run(_migrate(settings), choice=settings.event_loop)
     try:
-        listener = bind_listener(settings.api_host, settings.api_port)
+        reserved = reserve_address(settings.api_host, settings.api_port)
     except OSError as exc:
-        fail(f"HZ_API_HOST/HZ_API_PORT {settings.api_host}:{settings.api_port}: cannot listen there ({exc.strerror})",
-             code=2)
-    raise typer.Exit(supervise(listener, replicas, args))
+        fail(f"HZ_API_HOST/HZ_API_PORT {settings.api_host}:{settings.api_port}: cannot listen there "
+             f"({exc.strerror or exc})", code=2)
+    raise typer.Exit(supervise(reserved, replicas, args))
 
 
 async def _migrate(settings: Settings) -> None:

@@ -1,6 +1,8 @@
 """Three API replicas behind one address on one PostgreSQL database (`harmonaize api serve --replicas 3`), with a
 real nats-server: what one process guaranteed holds across them, and a replica killed mid-request loses nothing.
 
+* Connections spread: a burst of keep-alive connections reaches every replica (each listens on a socket of its own,
+  so the kernel spreads them; one shared socket gave almost all of them to one replica).
 * Idempotency: the same request with the same Idempotency-Key, sent at once over many connections (the kernel
   spreads them among the replicas), opens one negotiation and every caller gets its response.
 * The capacity ledger: concurrent accepts over many connections never place more workers than the hosts have.
@@ -36,6 +38,26 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 REPLICAS = 3
 HOSTS, GPUS = 4, 4
 BURST = 40
+
+
+def established_on(pid: int, port: int) -> int:
+    """Connections process `pid` holds, established on its local TCP `port` (Linux /proc: its socket inodes, then
+    the kernel's TCP tables seen from its network namespace)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    held = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port, state, inode = int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
+            held += local_port == port and state == "01" and inode in inodes  # 01: ESTABLISHED
+    return held
 
 
 def children(pid: int) -> set[int]:
@@ -111,6 +133,22 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path, nats_server: 
         yield api, url
     finally:
         await api.stop()
+
+
+async def test_a_burst_of_keep_alive_connections_reaches_every_replica(replicas: tuple[ApiService, str]) -> None:
+    api, _ = replicas
+    assert api.process is not None
+    connections = 30  # by chance alone, one replica left without any: 3 * (2/3)**30, about 2e-5
+    clients = [httpx.AsyncClient(base_url=api.url, timeout=30) for _ in range(connections)]
+    try:
+        answers = await asyncio.gather(*(client.get("/v1/healthz") for client in clients))
+        assert {answer.status_code for answer in answers} == {200}
+        held = {pid: established_on(pid, api.port) for pid in children(api.process.pid)}
+        assert sum(held.values()) == connections, f"every kept-alive connection held by a replica: {held}"
+        assert min(held.values()) >= 1, f"every replica got some of the burst's connections: {held}"
+        assert max(held.values()) <= 2 * connections // 3, f"no replica got nearly all of them: {held}"
+    finally:
+        await asyncio.gather(*(client.aclose() for client in clients))
 
 
 @pytest.mark.parametrize("replicas", [BURST], indirect=True)
