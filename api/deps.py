@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.datastructures import State
 
 from api.db import close_session
 from api.log_context import bind
@@ -63,9 +65,22 @@ async def _pseudonym_secret(request: Request) -> bytes:
     return pseudonym_secret
 
 
+def _context_of(state: State) -> NegotiationContext:
+    runtime: NegotiationRuntime = state.negotiation
+    return runtime.context(pseudonym_secret=state.pseudonym_secret)
+
+
+def _wake_of(state: State) -> Callable[[], None]:
+    relay = state.relay
+    return relay.wake if relay is not None else _no_wake
+
+
+def _no_wake() -> None:
+    """No relay in this app (a test's): nothing to wake."""
+
+
 async def _negotiation_context(request: Request) -> NegotiationContext:
-    runtime: NegotiationRuntime = request.app.state.negotiation
-    return runtime.context(pseudonym_secret=request.app.state.pseudonym_secret)
+    return _context_of(request.app.state)
 
 
 async def _now(request: Request) -> datetime:
@@ -74,8 +89,7 @@ async def _now(request: Request) -> datetime:
 
 
 async def _wake_relay(request: Request) -> Callable[[], None]:
-    relay = request.app.state.relay
-    return relay.wake if relay is not None else (lambda: None)
+    return _wake_of(request.app.state)
 
 
 SessionDep = Annotated[AsyncSession, Depends(_session)]
@@ -151,3 +165,30 @@ async def require_admin(token: BearerToken, session: SessionDep, settings: Setti
 
 CurrentTenant = Annotated[TokenHolder, Depends(current_tenant)]
 AdminDep = Annotated[None, Depends(require_admin)]
+
+
+@dataclass(frozen=True, slots=True)
+class NegotiationCall:
+    """What every negotiation route needs: the caller's tenant, a session, the negotiation context and the relay's
+    wake-up."""
+
+    tenant: TokenHolder
+    session: AsyncSession
+    ctx: NegotiationContext
+    wake: Callable[[], None]
+
+
+async def _negotiation_call(request: Request, credentials: Credentials) -> AsyncIterator[NegotiationCall]:
+    """One dependency for `NegotiationCall` rather than four (tenant, session, context, wake-up), shared with the
+    router's rate limit: FastAPI's solving of dependencies was about a fifth of an offer's CPU in the API, and
+    negotiations are its busiest writes (bench/HISTORY.md, "One dependency per negotiation call")."""
+    state = request.app.state
+    session = state.sessionmaker()
+    try:
+        tenant = await current_tenant(request, credentials, session)
+        yield NegotiationCall(tenant=tenant, session=session, ctx=_context_of(state), wake=_wake_of(state))
+    finally:
+        await close_session(session)
+
+
+NegotiationCallDep = Annotated[NegotiationCall, Depends(_negotiation_call)]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, HTTPException, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import CurrentTenant
+from api.deps import NegotiationCallDep
 from api.errors import error_response
 from api.schemas import ErrorDetail, ErrorPublic
 from api.shared_buckets import SharedBuckets
@@ -98,8 +98,10 @@ class TokenBuckets:
         return (1.0 - bucket.tokens) / self.rate_per_s
 
 
-async def limit_negotiation_writes(request: Request, tenant: CurrentTenant) -> None:
-    """Router dependency of the negotiation routes: writes take a token from the tenant's bucket, reads pass."""
+async def limit_negotiation_writes(request: Request, call: NegotiationCallDep) -> None:
+    """Router dependency of the negotiation routes: writes take a token from the tenant's bucket, reads pass. Takes
+    the routes' own `NegotiationCall` (solved once per request): one session, one authentication."""
+    tenant = call.tenant
     if request.method not in LIMITED_METHODS:
         return
     buckets: TokenBuckets = request.app.state.negotiation_buckets

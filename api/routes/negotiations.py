@@ -1,7 +1,8 @@
 """A tenant's negotiations: open one (idempotently), answer the provider's offer, read the history.
 
-Every route is scoped by `CurrentTenant`: another tenant's negotiation id is "negotiation not found", exactly like
-an id that never existed. Invalid moves are 409 naming the current state ("negotiation is accepted: cannot counter").
+Every route is scoped by the caller's tenant (`NegotiationCall`, which authenticates as `CurrentTenant` does):
+another tenant's negotiation id is "negotiation not found", exactly like an id that never existed. Invalid moves are
+409 naming the current state ("negotiation is accepted: cannot counter").
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from pydantic import StringConstraints
 
-from api.deps import CurrentTenant, NegotiationContextDep, SessionDep, WakeRelayDep
+from api.deps import NegotiationCallDep
 from api.schemas import AcceptBody, CloseBody
 from api.services import negotiation_accept
 from api.services import negotiations as service
@@ -43,26 +44,19 @@ IdempotencyKey = Annotated[
 
 @router.post("/negotiations", status_code=201, response_model=NegotiationPublic)
 async def open_negotiation(
-    body: NegotiationRequest,
-    idempotency_key: IdempotencyKey,
-    tenant: CurrentTenant,
-    session: SessionDep,
-    ctx: NegotiationContextDep,
-    wake: WakeRelayDep,
+    body: NegotiationRequest, idempotency_key: IdempotencyKey, call: NegotiationCallDep
 ) -> JSONResponse:
     """Ask for a change to a job; the provider answers at once with an offer or a decline (201 either way)."""
     stored = await service.open_negotiation(
-        session, tenant_id=tenant.id, idempotency_key=idempotency_key, request=body, ctx=ctx
+        call.session, tenant_id=call.tenant.id, idempotency_key=idempotency_key, request=body, ctx=call.ctx
     )
-    wake()
+    call.wake()
     return JSONResponse(stored.body, status_code=stored.status)
 
 
 @router.get("/negotiations")
 async def list_tenant_negotiations(
-    tenant: CurrentTenant,
-    session: SessionDep,
-    ctx: NegotiationContextDep,
+    call: NegotiationCallDep,
     job: Annotated[JobId | None, Query()] = None,
     state: Annotated[NegotiationState | None, Query()] = None,
     kind: Annotated[NegotiationKind | None, Query()] = None,
@@ -74,78 +68,60 @@ async def list_tenant_negotiations(
     """The caller's negotiations, newest first, one page at a time."""
     where = HistoryFilter(job=job, state=state, kind=kind, since=since, until=until)
     page, next_cursor = await list_negotiations(
-        session, tenant_id=tenant.id, now=ctx.now, where=where, cursor=cursor, limit=limit
+        call.session, tenant_id=call.tenant.id, now=call.ctx.now, where=where, cursor=cursor, limit=limit
     )
     return NegotiationPage(items=[summary(negotiation) for negotiation in page], next_cursor=next_cursor)
 
 
 @router.get("/negotiations/{negotiation_id}")
-async def get_tenant_negotiation(
-    negotiation_id: NegotiationId, tenant: CurrentTenant, session: SessionDep, ctx: NegotiationContextDep
-) -> NegotiationPublic:
+async def get_tenant_negotiation(negotiation_id: NegotiationId, call: NegotiationCallDep) -> NegotiationPublic:
     """One negotiation with every round."""
-    return public(await get_negotiation(session, tenant_id=tenant.id, negotiation_id=negotiation_id, now=ctx.now))
+    return public(await get_negotiation(
+        call.session, tenant_id=call.tenant.id, negotiation_id=negotiation_id, now=call.ctx.now
+    ))
 
 
 @router.post("/negotiations/{negotiation_id}/accept")
-async def accept(
-    negotiation_id: NegotiationId,
-    body: AcceptBody,
-    tenant: CurrentTenant,
-    session: SessionDep,
-    ctx: NegotiationContextDep,
-    wake: WakeRelayDep,
-) -> NegotiationPublic:
+async def accept(negotiation_id: NegotiationId, body: AcceptBody, call: NegotiationCallDep) -> NegotiationPublic:
     """Take one option of the current offer; 409 (nothing changed) if its capacity is gone or the offer expired."""
     record = await negotiation_accept.accept(
-        session, tenant_id=tenant.id, negotiation_id=negotiation_id, option=body.option, ctx=ctx
+        call.session, tenant_id=call.tenant.id, negotiation_id=negotiation_id, option=body.option, ctx=call.ctx
     )
-    wake()
+    call.wake()
     return public(record)
 
 
 @router.post("/negotiations/{negotiation_id}/counter")
-async def counter(
-    negotiation_id: NegotiationId,
-    body: NegotiationTerms,
-    tenant: CurrentTenant,
-    session: SessionDep,
-    ctx: NegotiationContextDep,
-    wake: WakeRelayDep,
-) -> NegotiationPublic:
+async def counter(negotiation_id: NegotiationId, body: NegotiationTerms, call: NegotiationCallDep) -> NegotiationPublic:
     """Answer the offer with new terms; the provider answers in a new round (offered again, or declined)."""
-    record = await service.counter(session, tenant_id=tenant.id, negotiation_id=negotiation_id, terms=body, ctx=ctx)
-    wake()
+    record = await service.counter(
+        call.session, tenant_id=call.tenant.id, negotiation_id=negotiation_id, terms=body, ctx=call.ctx
+    )
+    call.wake()
     return public(record)
 
 
 @router.post("/negotiations/{negotiation_id}/reject")
 async def reject(
-    negotiation_id: NegotiationId,
-    tenant: CurrentTenant,
-    session: SessionDep,
-    ctx: NegotiationContextDep,
-    wake: WakeRelayDep,
-    body: CloseBody | None = None,
+    negotiation_id: NegotiationId, call: NegotiationCallDep, body: CloseBody | None = None
 ) -> NegotiationPublic:
     """Turn the offer down; the negotiation ends."""
     note = body.reason if body else None
-    record = await service.reject(session, tenant_id=tenant.id, negotiation_id=negotiation_id, note=note, ctx=ctx)
-    wake()
+    record = await service.reject(
+        call.session, tenant_id=call.tenant.id, negotiation_id=negotiation_id, note=note, ctx=call.ctx
+    )
+    call.wake()
     return public(record)
 
 
 @router.post("/negotiations/{negotiation_id}/cancel")
 async def cancel(
-    negotiation_id: NegotiationId,
-    tenant: CurrentTenant,
-    session: SessionDep,
-    ctx: NegotiationContextDep,
-    wake: WakeRelayDep,
-    body: CloseBody | None = None,
+    negotiation_id: NegotiationId, call: NegotiationCallDep, body: CloseBody | None = None
 ) -> NegotiationPublic:
     """Withdraw the request; the negotiation ends."""
     note = body.reason if body else None
-    record = await service.cancel(session, tenant_id=tenant.id, negotiation_id=negotiation_id, note=note, ctx=ctx)
-    wake()
+    record = await service.cancel(
+        call.session, tenant_id=call.tenant.id, negotiation_id=negotiation_id, note=note, ctx=call.ctx
+    )
+    call.wake()
     return public(record)
