@@ -60,7 +60,6 @@ class CpuQuota:
         if not 0.01 <= cores <= 64:
             raise ValueError(f"a CPU quota must lie in [0.01, 64] cores, not {cores}")
         root, self.version = cpu_quota_root(fs)
-        self.cores = cores
         self.path = root / f"hz-bench-{os.getpid()}-{label}"
         self.path.mkdir()
         quota = int(cores * PERIOD_US)
@@ -77,9 +76,6 @@ class CpuQuota:
     def add(self, pid: int) -> None:
         """Move `pid` (and the threads it has) into this quota; its children start inside it."""
         (self.path / "cgroup.procs").write_text(str(pid))
-
-    def pids(self) -> list[int]:
-        return [int(line) for line in (self.path / "cgroup.procs").read_text().split()]
 
     def throttled_s(self) -> float:
         """Seconds the processes were held back for having spent their quota (the kernel's own count)."""

@@ -1,8 +1,8 @@
 """HTTP routes under /v1, one module per resource; each translates HTTP to a service call and back.
 
 Tenant routes take `CurrentTenant` (the negotiation routes `NegotiationCall`, which authenticates the same way) and
-query through its id; admin routes take `AdminDep`. A test walks every route
-of the app and checks that each one is either in the tenant set or refuses tenant tokens.
+query through its id; admin routes take `AdminDep`. A test walks every route of the app and checks that each one is
+either in the tenant set or refuses tenant tokens.
 """
 
 from __future__ import annotations
