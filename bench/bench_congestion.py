@@ -108,10 +108,11 @@ def main() -> None:
     print(network)
     rows = [
         [r.arm, fmt(r.uncongested.samples_per_s, "/s"), fmt(r.congested.samples_per_s, "/s"), f"{r.kept:.0%}",
-         f"{r.compression} / {r.plan}", fmt(r.detected_s, "s")]
+         f"{r.compression} / {r.plan}", fmt(r.measured_s, "s"), fmt(r.detected_s, "s")]
         for r in results
     ]
-    print(table(["arm", "uncongested samples/s", "congested samples/s", "kept", "congested with", "event s"], rows))
+    print(table(["arm", "uncongested samples/s", "congested samples/s", "kept", "congested with", "measured s",
+                 "event s"], rows))
     by_arm = {r.arm: r for r in results}
     if "status_quo" in by_arm:
         status_quo = by_arm["status_quo"]
@@ -122,7 +123,8 @@ def main() -> None:
                 print(f"target: {arm} kept {with_.kept:.0%} (>= 80 %) where the status quo kept {status_quo.kept:.0%} "
                       f"(< 60 %); congested with/without {gain:.2f}x")
     events = ", ".join(f"{r.arm} {fmt(r.detected_s, 's')}" for r in results)
-    print(f"congestion event at the tenant after the flows started (target <= 2 s): {events}")
+    print(f"congestion event at the tenant after the episode began (target <= 2 s): {events}; 'measured' is when "
+          "the agents first measured the link congested (the event's since)")
     print(f"total {time.monotonic() - started:.0f} s")
     if args.json is not None:
         report: dict[str, Any] = {

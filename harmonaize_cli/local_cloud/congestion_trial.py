@@ -58,7 +58,10 @@ class ArmResult:
     uncongested: Rate
     congested: Rate
     detected_s: float | None
-    """From the flow's start to the first congestion event (moderate or worse) of the job at the tenant."""
+    """From the episode's start to the first congestion event (moderate or worse) of the job at the tenant."""
+    measured_s: float | None
+    """From the episode's start to when the agents first measured the link congested (that event's `since`): the
+    flows' start and the monitor's window. What detected_s adds to it is the event's way to the tenant."""
     compression: str
     plan: str
 
@@ -114,7 +117,7 @@ async def _congested(probe: TenantProbe, arm: str, shape: TrialShape, job: str, 
     detected = None
     deadline = started + shape.detect_timeout_s
     while detected is None and time.monotonic() < deadline:
-        detected = probe.first_event("congestion", job, lambda d: d.get("level") in CONGESTED_LEVELS, after=started)
+        detected = probe.first_match("congestion", job, lambda d: d.get("level") in CONGESTED_LEVELS, after=started)
         await _tick()
     if arm == "cooperative":
         await probe.wait_progress(job, lambda p: p["compression"] != "none", timeout=answer_s,
@@ -132,9 +135,14 @@ async def _congested(probe: TenantProbe, arm: str, shape: TrialShape, job: str, 
         await _tick()
     return ArmResult(
         arm=arm, uncongested=uncongested, congested=congested,
-        detected_s=None if detected is None else detected - started,
+        detected_s=None if detected is None else detected[0] - started,
+        measured_s=None if detected is None else _seconds_after(begins, detected[1]["since"]),
         compression=str((last or {}).get("compression", "?")), plan=str((last or {}).get("parallel_plan", "?")),
     )
+
+
+def _seconds_after(begins: datetime, when: str) -> float:
+    return (datetime.fromisoformat(when) - begins).total_seconds()
 
 
 async def _tick() -> None:

@@ -131,12 +131,18 @@ class TenantProbe:
     def first_event(self, kind: str, job: str, check: Callable[[dict[str, Any]], bool], *,
                     after: float) -> float | None:
         """When (monotonic) the first event of `kind` for `job` satisfying `check` arrived after `after`."""
+        found = self.first_match(kind, job, check, after=after)
+        return None if found is None else found[0]
+
+    def first_match(self, kind: str, job: str, check: Callable[[dict[str, Any]], bool], *,
+                    after: float) -> tuple[float, dict[str, Any]] | None:
+        """The first event of `kind` for `job` satisfying `check` that arrived after `after`: (arrival, its data)."""
         for arrived, event in self.events:
             split = split_event_type(str(event.get("type", "")))
             if arrived < after or split is None or split[0] != kind or event.get("subject") != job:
                 continue
             if check(event["data"]):
-                return arrived
+                return arrived, event["data"]
         return None
 
     def start_controller(self, script: Path, job: str, *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

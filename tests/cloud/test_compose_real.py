@@ -306,18 +306,51 @@ class AckedPublisher:
             n += 1
             await asyncio.sleep(0.02)
 
-    async def missing(self) -> list[str]:
-        """Acked ids the stream does not hold at their acked sequence."""
-        lost = []
-        for msg_id, seq in self.acked.items():
-            try:
-                stored = await self.js.get_msg(self.stream, seq)
-            except (TimeoutError, nats.errors.Error, APIError):
-                lost.append(msg_id)
-                continue
-            if (stored.headers or {}).get("Nats-Msg-Id") != msg_id:
-                lost.append(msg_id)
+    async def missing(self, *, timeout: float = 90.0) -> dict[str, str]:
+        """Acked ids the stream does not hold at their acked sequence, each with why.
+
+        Only the broker's answer counts as a loss: no message at that sequence (10037), or another message there. A
+        lookup that fails otherwise (a timeout, the stream between leaders) says nothing about the event and is tried
+        again until `timeout`; one still unanswered then is reported as unreadable, with the last error."""
+        lost: dict[str, str] = {}
+        unread = dict(self.acked)
+        deadline = time.monotonic() + timeout
+        while unread:
+            errors: dict[str, str] = {}
+            for msg_id, seq in unread.items():
+                try:
+                    stored = await self.js.get_msg(self.stream, seq)
+                except APIError as exc:
+                    if exc.err_code == NO_MESSAGE_FOUND:
+                        lost[msg_id] = f"seq {seq}: no message there"
+                    else:
+                        errors[msg_id] = f"seq {seq}: {exc!r}"
+                    continue
+                except (TimeoutError, nats.errors.Error) as exc:
+                    errors[msg_id] = f"seq {seq}: {exc!r}"
+                    continue
+                found = (stored.headers or {}).get("Nats-Msg-Id")
+                if found != msg_id:
+                    lost[msg_id] = f"seq {seq} holds {found!r}"
+            unread = {msg_id: self.acked[msg_id] for msg_id in errors}
+            if unread and time.monotonic() >= deadline:
+                lost.update({msg_id: f"unreadable, {why}" for msg_id, why in errors.items()})
+                break
+            if unread:
+                await asyncio.sleep(1.0)
         return lost
+
+
+NO_MESSAGE_FOUND = 10037
+"""JetStream's error code for a stream sequence that holds no message."""
+
+
+def stream_state(info: Any) -> str:
+    """A stream's state and cluster in one line, for a failure's message."""
+    state, cluster = info.state, info.cluster
+    replicas = [(r.name, r.current, r.offline, r.lag) for r in (cluster.replicas or [])] if cluster else []
+    return (f"messages {state.messages}, seq {state.first_seq}..{state.last_seq}, deleted {state.num_deleted}; "
+            f"lost {state.lost}; leader {cluster.leader if cluster else None}, replicas {replicas}")
 
 
 async def stream_info(provider: Client, stream: str) -> Any:
@@ -401,7 +434,16 @@ async def test_cluster_profile_survives_losing_a_broker_node_mid_training(
                 await publishing
 
             # No acknowledged event is lost: each is in the stream, at the sequence its ack gave.
-            assert await publisher.missing() == []
+            lost = await publisher.missing()
+            if lost:
+                try:
+                    state = stream_state(await stream_info(provider, stream))
+                except (TimeoutError, nats.errors.Error) as exc:
+                    state = f"no stream info: {exc!r}"
+                first = dict(sorted(lost.items(), key=lambda item: publisher.acked[item[0]])[:5])
+                raise AssertionError(f"{len(lost)} of {len(publisher.acked)} acked events not in {stream} as acked "
+                                     f"(the first: {first}); the stream: {state}")
+            print(f"every acked event in {stream}: {stream_state(await stream_info(provider, stream))}")
             sequences = set(publisher.acked.values())
             assert len(sequences) == len(publisher.acked), "each acked event at a sequence of its own"
             running = {r["Service"]: r["State"] for r in project.services()}

@@ -106,7 +106,9 @@ async def test_congestion_is_measured_and_cooperation_keeps_the_jobs_rate(tmp_pa
 
     cloud = await _in_testbed_cloud(tmp_path, story)
     status_quo, cooperative = results["status_quo"], results["cooperative"]
-    summary = {arm: (round(r.kept, 2), r.compression, r.detected_s, r.congested.steps) for arm, r in results.items()}
+    summary = {arm: (round(r.kept, 2), r.compression, r.detected_s, r.measured_s, r.congested.steps)
+               for arm, r in results.items()}
+    print(f"(kept, compression, event s, measured s, congested steps) by arm: {summary}")
     for result in results.values():
         assert result.detected_s is not None and result.detected_s <= 2.0, summary
     assert status_quo.compression == "none" and cooperative.compression != "none", summary
