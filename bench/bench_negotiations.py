@@ -226,7 +226,7 @@ async def setup_ours(client: httpx.AsyncClient, args: argparse.Namespace) -> dic
     for i in range(args.hosts):
         await ok("POST", "/v1/hosts", {"id": f"h{i:03d}", "gpus": args.host_gpus, "locality_group": f"rack-{i % 4}"},
                  admin)
-    body = {"min_workers": 1, "max_workers": 4, "initial_workers": 1}
+    body = {"min_workers": 1, "max_workers": 4, "initial_workers": 1, "gpus_per_worker": args.worker_gpus}
     for j in range(args.jobs):
         await ok("POST", "/v1/jobs", {"id": f"neg-{j:03d}", **body}, tenant)
     for w in range(0 if args.open_loop_only else args.concurrency):
@@ -299,9 +299,11 @@ async def run_cycles(clients: LoadClients, tenant: dict[str, str], n_requests: i
     }
 
 
-async def count_statements(workdir: Path, database_url: str = "") -> dict[str, int]:
+async def count_statements(workdir: Path, database_url: str = "", *, worker_gpus: int = 1,
+                           host_gpus: int = HOST_GPUS) -> dict[str, int]:
     """Database round trips per request of each scenario (SQL statements incl. BEGIN, plus commits), counted once
-    with a SQLAlchemy cursor listener on an in-process app (httpx.ASGITransport) with its own fresh SQLite file."""
+    with a SQLAlchemy cursor listener on an in-process app (httpx.ASGITransport) with its own fresh SQLite file;
+    hosts of `host_gpus`, jobs of `worker_gpus` a worker (a grow needing a new host starts a warm joiner)."""
     from sqlalchemy import event
 
     from api.migrate import upgrade_async
@@ -325,14 +327,20 @@ async def count_statements(workdir: Path, database_url: str = "") -> dict[str, i
             counts["commits"] += 1
 
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
-            args = argparse.Namespace(hosts=1, host_gpus=HOST_GPUS, jobs=1, concurrency=1, open_loop_only=False,
-                                      rate=[], open_connections=0)
+            # Two jobs of one worker, one of them grown to two: one host when the three workers fit on it, else one
+            # host each (the grow then needs a host its job does not run on).
+            hosts = 1 if 3 * worker_gpus <= host_gpus else 3
+            args = argparse.Namespace(hosts=hosts, host_gpus=host_gpus, worker_gpus=worker_gpus, jobs=1,
+                                      concurrency=1, open_loop_only=False, rate=[], open_connections=0)
             setup = await setup_ours(client, args)
             tenant = setup["tenant"]
 
             async def measure(name: str, method: str, path: str, body: Any, headers: dict[str, str]) -> Any:
                 counts.clear()
                 reply = await client.request(method, path, json=body, headers=headers)
+                if not reply.is_success:  # a refused request's round trips would stand for the scenario's
+                    raise RuntimeError(f"counting {name}: {method} {path} answered {reply.status_code} "
+                                       f"{reply.text[:300]}")
                 out[name] = counts["statements"] + counts["commits"]
                 return reply.json()
 
@@ -732,7 +740,8 @@ def render_report(args: argparse.Namespace, results: list[dict[str, Any]], open_
     lines = [
         f"bench_negotiations  {meta['date']}  {meta['machine']}  code: {meta['git']}",
         f"uvicorn {meta['uvicorn']} ({meta['loop']}), fastapi {meta['fastapi']}, SQLAlchemy {meta['sqlalchemy']}, "
-        f"httpx {meta['httpx']}; {closed}{args.jobs} jobs for requests, {args.hosts} hosts of {args.host_gpus} GPUs; "
+        f"httpx {meta['httpx']}; {closed}{args.jobs} jobs for requests, {args.hosts} hosts of {args.host_gpus} GPUs, "
+        f"{args.worker_gpus} GPU(s) a worker; "
         f"{' then '.join(map(str, args.replicas))} server process(es) each, on one address"
         f"{quota_words(args.replica_cpu)}; load average at start {meta['loadavg']}",
     ]
@@ -914,6 +923,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"GPUs per host (default {HOST_GPUS}: two hosts hold every job, so every accept writes one "
                          "of the\nsame two hosts' rows; 8 with --hosts 64 spreads the jobs, as a provider's "
                          "8-GPU hosts would)")
+    ap.add_argument("--worker-gpus", type=int, default=1,
+                    help="GPUs per worker of the bench's jobs (default 1: a grow fits the host the job runs on); "
+                         "--worker-gpus 8 with --host-gpus 8 makes every grow need a new host, whose offer starts a "
+                         "warm joiner there (api.services.standby: the whole ledger's lock, the host rewritten)")
     ap.add_argument("--postgres", nargs="?", const=DEFAULT_POSTGRES_URL, metavar="URL",
                     help=f"also run on PostgreSQL: a fresh database hz_bench_<random> on the server of URL, dropped "
                          f"afterwards (default {DEFAULT_POSTGRES_URL})")
@@ -956,9 +969,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             cpu_quota_root()
         except CpuQuotaError as exc:
             ap.error(f"--replica-cpu: {exc}")
-    for name in ("rounds", "requests", "concurrency", "jobs", "hosts", "host_gpus", "open_connections"):
+    for name in ("rounds", "requests", "concurrency", "jobs", "hosts", "host_gpus", "worker_gpus",
+                 "open_connections"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.worker_gpus > args.host_gpus:
+        ap.error(f"--worker-gpus {args.worker_gpus} cannot exceed --host-gpus {args.host_gpus}: no worker would fit")
     if args.no_sqlite and not args.postgres:
         ap.error("--no-sqlite needs --postgres")
     args.rate = parse_rates(ap, args.rate)
@@ -973,7 +989,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def bench(args: argparse.Namespace, workdir: Path,
                 meta: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(closed-loop results per backend, open-loop entries of every backend)."""
-    meta["round_trips"] = await count_statements(workdir)
+    meta["round_trips"] = await count_statements(workdir, worker_gpus=args.worker_gpus, host_gpus=args.host_gpus)
     runs = []
     for replicas in args.replicas:
         if not args.no_sqlite:
