@@ -23,6 +23,7 @@ one-shot use cases that commit. Every change queues the new desired state of the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,7 +46,14 @@ from api.services.errors import (
 )
 from api.services.host_assignments import write_host_assignments
 from api.services.ledger_hosts import HostRoom, HostSnapshot, host_preference, host_snapshot
-from api.services.ledger_lock import held_already, hold_hosts, lock_ledger, locked_hosts_of_job
+from api.services.ledger_lock import (
+    held_already,
+    held_by_update,
+    hold_hosts,
+    lock_ledger,
+    lock_left_to_update,
+    locked_hosts_of_job,
+)
 from harmonaize.timeids import uuid7
 
 PLACEMENT_ROUNDS = 3
@@ -154,10 +162,15 @@ async def place_workers(
         snapshot = await host_snapshot(session, job)
         ranked = await host_preference(session, job, exclude_hosts, snapshot=snapshot)
         # the ledger held shared: the job's hosts and the ones the workers should go to, locked in one go before any
-        # is written (`ledger_lock`); a host reached only after losing a race is locked when it is reached
-        await hold_hosts(session, set(snapshot.usage) | set(_fill(ranked, count - len(placed), per_worker)))
+        # is written (`ledger_lock`), or by the first grant's own update when that is all of them; a host reached
+        # only after losing a race is locked when it is reached
+        planned = set(snapshot.usage) | set(_fill(ranked, count - len(placed), per_worker))
+        by_update = bool(ranked) and lock_left_to_update(session, planned, ranked[0][0])
+        if not by_update:
+            await hold_hosts(session, planned)
         for host_id, group, _free in ranked:
-            await hold_hosts(session, (host_id,))
+            if not by_update:
+                await hold_hosts(session, (host_id,))
             while len(placed) < count:
                 allocation = Allocation(
                     id=new_allocation_id(),
@@ -168,7 +181,15 @@ async def place_workers(
                     created_at=now,
                     starts_at=starts_at,
                 )
-                if not await ledger_rows.grant(session, allocation):
+                sent_at = time.perf_counter()
+                granted = await ledger_rows.grant(session, allocation)
+                if by_update:  # that grant's update locked the host if it matched; if not, lock it before the next
+                    by_update = False
+                    if granted:
+                        held_by_update(session, host_id, sent_at=sent_at)
+                    else:
+                        await hold_hosts(session, (host_id,))
+                if not granted:
                     break
                 placed.append(Placement(allocation=allocation, locality_group=group))
             if len(placed) == count:

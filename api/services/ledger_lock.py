@@ -10,7 +10,8 @@ one after a second. So every writer takes a transaction-scoped advisory lock on 
 - **One job and its hosts** (`share_ledger`, shared with other such writers): an accepted resize or plan change.
   After the shared lock it writes its own job's row first, then locks the hosts it will write (`hold_hosts`) in one
   statement, in id order, before writing any of them (a shrink, whose hosts are its job's own, in the update of the
-  job's row: `locked_hosts_of_job`); it writes no other job's row (`hold_job`). Two such accepts on
+  job's row: `locked_hosts_of_job`; a grow whose only host is the one it grows on, by the grant's update of that
+  host: `lock_left_to_update`); it writes no other job's row (`hold_job`). Two such accepts on
   different hosts run side by side; on a common host the later one waits for the earlier one's commit, holding no
   row the earlier one needs, so no cycle can form. A writer that finds it needs a host below one it holds (a
   placement raced and lost its planned host), or another job's row, raises `LedgerOrderError`: the caller rolls back
@@ -41,8 +42,8 @@ from api.models import Allocation, Host
 from api.single_statement import refuse_in_single_statement
 
 __all__ = [
-    "LOCK_METRICS", "REDONE", "LedgerOrderError", "held_already", "hold_hosts", "hold_job", "lock_ledger",
-    "locked_hosts_of_job", "share_ledger",
+    "LOCK_METRICS", "REDONE", "LedgerOrderError", "held_already", "held_by_update", "hold_hosts", "hold_job",
+    "lock_left_to_update", "lock_ledger", "locked_hosts_of_job", "share_ledger",
 ]
 
 LEDGER_ADVISORY_LOCK = 0x487A_4C65_6467  # "HzLedg": any constant shared by all API processes
@@ -71,7 +72,8 @@ _HELD = Histogram(
 )
 _HOSTS_WAITED = Histogram(
     "hz_ledger_hosts_wait_seconds", "Time to lock the rows of the hosts a change holding the ledger shared writes "
-    "(one statement; an accept on a host another holds waits here).", buckets=_BUCKETS, registry=LOCK_METRICS,
+    "(one statement, or the grant that locks a grow's one host; an accept on a host another holds waits here).",
+    buckets=_BUCKETS, registry=LOCK_METRICS,
 )
 
 REDONE = Counter(
@@ -150,8 +152,27 @@ async def hold_hosts(session: AsyncSession, hosts: Collection[str]) -> None:
     share.hosts.update(missing)
 
 
+def lock_left_to_update(session: AsyncSession, hosts: Collection[str], written_first: str) -> bool:
+    """Whether `hold_hosts(session, hosts)` may be left to the conditional UPDATE of `written_first` that the caller
+    sends next: when the ledger is held shared, no host is locked yet and `hosts` is that one host. The UPDATE takes
+    the row lock `hold_hosts` would (FOR NO KEY UPDATE) before writing anything, so the order is the same and the
+    round trip is saved (a grow on the one host its job runs on: most grows). If it matched, the caller records the
+    host with `held_by_update`; if not, it locked nothing, and the caller locks the host with `hold_hosts` before
+    going on to another."""
+    share: _Share | None = session.info.get(_SHARE)
+    return share is not None and not share.hosts and set(hosts) == {written_first}
+
+
+def held_by_update(session: AsyncSession, host: str, *, sent_at: float) -> None:
+    """Record `host` as locked by the matched update `lock_left_to_update` allowed, sent at `sent_at`
+    (`time.perf_counter()`): its time is the wait for the host's row, as `hold_hosts`' statement's would be."""
+    _HOSTS_WAITED.observe(time.perf_counter() - sent_at)
+    held_already(session, (host,))
+
+
 def held_already(session: AsyncSession, hosts: Collection[str]) -> None:
-    """Record `hosts` as locked by a statement of the caller's (in `locked_hosts_of_job`'s order, all at once)."""
+    """Record `hosts` as locked by a statement of the caller's (in `locked_hosts_of_job`'s order, all at once, or
+    the one host of `lock_left_to_update`)."""
     share: _Share | None = session.info.get(_SHARE)
     if share is not None and hosts:
         assert not share.hosts, "a job's hosts are locked before any other host"

@@ -4,9 +4,11 @@ An accepted resize holds the ledger shared and locks only its job and hosts (`ap
 session stands for an accept caught in the middle (the ledger held shared, a host's row locked, uncommitted): an
 accept on another host must finish meanwhile, one on that host must wait for it. An accept whose planned host is
 taken while it waits, so that its placement moves to a host sorting before one it holds, is redone holding the
-whole ledger (counted in `/v1/metrics`) and still places its worker. A shrink's update of its job locks the job's
-hosts itself (another session cannot have them). Many accepts at once on jobs spread over several hosts leave the
-ledger's totals equal and each host's last desired state equal to what the ledger holds.
+whole ledger (counted in `/v1/metrics`) and still places its worker. A grow on the one host its job runs on leaves
+that host's lock to its grant's update, which must then really hold it; if that update finds the host full after
+all, the host is locked before the next one, so the order holds and nothing is redone. A shrink's update of its job
+locks the job's hosts itself (another session cannot have them). Many accepts at once on jobs spread over several
+hosts leave the ledger's totals equal and each host's last desired state equal to what the ledger holds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sqlalchemy.exc import DBAPIError
 
 from api.models import Allocation, Job, OutboxTopic
 from api.services import ledger_rows
-from api.services.ledger import change_job_workers, change_job_workers_reading, new_allocation_id
+from api.services.ledger import change_job_workers, change_job_workers_reading, new_allocation_id, place_workers
 from api.services.ledger_lock import LedgerOrderError, hold_hosts, hold_job, share_ledger
 from harmonaize.desired_state import HostAssignment
 from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
@@ -240,3 +242,78 @@ async def test_a_shrinks_update_of_its_job_locks_the_jobs_hosts_in_the_same_stat
             await other.rollback()
             assert free is (host not in wide), (host, wide)
         await shrinking.rollback()
+
+
+async def _locked_elsewhere(app: FastAPI, hosts: list[str]) -> dict[str, bool]:
+    """Whether another session finds each host's row locked (asking without waiting)."""
+    locked = {}
+    async with app.state.sessionmaker() as other:
+        for host in hosts:
+            try:
+                await other.execute(text("SELECT id FROM hosts WHERE id = :id FOR NO KEY UPDATE NOWAIT"), {"id": host})
+                locked[host] = False
+            except DBAPIError as refused:
+                assert "could not obtain lock" in str(refused), refused
+                locked[host] = True
+            await other.rollback()
+    return locked
+
+
+async def test_a_grow_on_its_own_host_is_locked_by_its_grant_and_records_the_wait(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """No statement of its own locks the host: so the grant's update must hold it, and later writes of the host
+    (its new desired state) must not lock it again."""
+    await create_host(client, "h1", gpus=4, group="rack-a")
+    await create_host(client, "h2", gpus=4, group="rack-a")
+    await create_job(client, acme, "j", initial_workers=1)
+    assert await hosts_of(app, "j") == ["h1"]
+    before = await _metrics(client)
+
+    async with app.state.sessionmaker() as growing:
+        await share_ledger(growing, ("acme", "j"))
+        job = await growing.get_one(Job, ("acme", "j"))
+        placed = await place_workers(growing, job, 1, now=clock.now)
+        assert [p.allocation.host_id for p in placed] == ["h1"]
+        assert await _locked_elsewhere(app, ["h1", "h2"]) == {"h1": True, "h2": False}
+        with pytest.raises(LedgerOrderError, match="'h0' sorts before"):  # h1 recorded as held
+            await hold_hosts(growing, ["h0"])
+        await growing.rollback()
+
+    after = await _metrics(client)
+    assert _grown(before, after, "hz_ledger_hosts_wait_seconds_count") == 1, "the grant's wait is the host's"
+
+
+async def test_a_grow_whose_own_host_fills_while_its_grant_waits_locks_it_and_moves_on_in_order(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """Job j runs on h1 with one GPU to spare; another change takes that GPU while j's grant waits for h1's row.
+    The grant then matches nothing and locks nothing, so h1 is locked before j's worker goes to h2 (after h1 in
+    the order): placed, and not redone."""
+    await create_host(client, "h1", gpus=2, group="rack-a")
+    await create_job(client, acme, "j", initial_workers=1)
+    await create_job(client, acme, "k")
+    await create_host(client, "h2", gpus=8, group="rack-b")
+    grow = await _grow_offer(client, acme, "j", 2)
+    before = await _metrics(client)
+
+    async with app.state.sessionmaker() as holder:
+        await share_ledger(holder, ("acme", "k"))
+        k = await holder.get_one(Job, ("acme", "k"))
+        await change_job_workers(holder, k, 1)
+        await hold_hosts(holder, ["h1"])
+        assert await ledger_rows.grant(holder, Allocation(
+            id=new_allocation_id(), tenant_id="acme", job_id="k", host_id="h1", gpus=1, created_at=clock.now,
+            starts_at=None,
+        ))
+        accepting = asyncio.create_task(_accept(client, acme, grow))
+        await eventually(lambda: waiting(app, ROW, at_least=1), timeout=20, what="the grant waiting for h1's row")
+        await holder.commit()
+        response = await asyncio.wait_for(accepting, timeout=30)
+
+    assert response.status_code == 200, response.text
+    assert (await hosts_of(app, "j"), await hosts_of(app, "k")) == (["h1", "h2"], ["h1"])
+    assert await ledger_totals(app) == (3, 3, 3)
+    after = await _metrics(client)
+    assert _grown(before, after, "hz_accepts_redone_whole_ledger_total") == 0
+    assert _grown(before, after, "hz_ledger_lock_wait_seconds_count", mode="whole") == 0
