@@ -30,11 +30,13 @@ no-ops there.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from sqlalchemy import ScalarSelect, TextClause, bindparam, event, func, select, text
+from sqlalchemy import ColumnElement, ScalarSelect, TextClause, bindparam, event, func, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 
@@ -42,8 +44,8 @@ from api.models import Allocation, Host
 from api.single_statement import refuse_in_single_statement
 
 __all__ = [
-    "LOCK_METRICS", "REDONE", "LedgerOrderError", "held_already", "held_by_update", "hold_hosts", "hold_job",
-    "lock_left_to_update", "lock_ledger", "locked_hosts_of_job", "share_ledger",
+    "LOCK_METRICS", "REDONE", "LedgerOrderError", "StatementLock", "held_already", "held_by_update", "hold_hosts",
+    "hold_job", "lock_in_next_statement", "lock_left_to_update", "lock_ledger", "locked_hosts_of_job", "share_ledger",
 ]
 
 LEDGER_ADVISORY_LOCK = 0x487A_4C65_6467  # "HzLedg": any constant shared by all API processes
@@ -114,9 +116,49 @@ async def lock_ledger(session: AsyncSession) -> bool:
 async def _timed(session: AsyncSession, statement: TextClause, mode: str) -> None:
     started = time.perf_counter()
     await session.execute(statement, {"key": LEDGER_ADVISORY_LOCK})
+    _record_lock(session, mode, started)
+
+
+def _record_lock(session: AsyncSession, mode: str, started: float) -> None:
     locked = time.perf_counter()
     _WAITED.labels(mode=mode).observe(locked - started)
     session.info.setdefault(_SINCE, (mode, locked))  # a second lock in one transaction: the hold runs from the first
+
+
+@dataclass(frozen=True)
+class StatementLock:
+    """The ledger's lock in a mode, as a column for the RETURNING of the caller's next statement
+    (`lock_in_next_statement`)."""
+
+    mode: Literal["whole", "shared"]
+
+    @property
+    def column(self) -> ColumnElement[Any]:
+        """`pg_advisory_xact_lock[_shared]` of the ledger's key, evaluated once the statement's row is written."""
+        function = func.pg_advisory_xact_lock if self.mode == "whole" else func.pg_advisory_xact_lock_shared
+        return function(literal_column(str(LEDGER_ADVISORY_LOCK))).label("ledger_locked")
+
+
+@asynccontextmanager
+async def lock_in_next_statement(
+    session: AsyncSession, *, share_for: tuple[str, str] | None
+) -> AsyncIterator[StatementLock | None]:
+    """The ledger's lock taken by the statement the block sends (on PostgreSQL; None on SQLite, nothing to take),
+    rather than by one of its own: a round trip fewer for a change whose last write before the lock is an UPDATE
+    of a row only it writes (an accept's guarded state change). Shared for `share_for` (tenant, job), as
+    `share_ledger`, or the whole ledger, as `lock_ledger`. The block must put `column` in that statement's
+    RETURNING, which runs only if the update matched; on leaving the block without an error the lock is recorded as
+    held, and timed, as theirs is (the wait includes the update's own time)."""
+    refuse_in_single_statement(session, "the ledger's lock")
+    if not _is_postgresql(session):
+        yield None
+        return
+    lock = StatementLock("shared" if share_for is not None else "whole")
+    started = time.perf_counter()
+    yield lock
+    _record_lock(session, lock.mode, started)
+    if share_for is not None:
+        session.info[_SHARE] = _Share(job=share_for)
 
 
 async def share_ledger(session: AsyncSession, job: tuple[str, str]) -> bool:

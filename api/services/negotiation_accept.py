@@ -11,10 +11,11 @@ expiry has passed is marked expired instead and cannot be accepted. The accept o
 capacity: it queues the approval for the agents of the job's hosts, in their desired state (`maintenance_approvals`).
 
 On PostgreSQL a resize or a new plan holds the ledger shared with the accepts of other jobs and locks only its own
-job and hosts (`ledger_lock.share_ledger`), so accepts on different hosts run side by side (its warm joiners' hosts
+job and hosts (`ledger_lock`'s shared mode), so accepts on different hosts run side by side (its warm joiners' hosts
 are those its placement takes, unless the ledger changed since the offer); a replacement or a maintenance approval
 holds the whole ledger, as does an accept redone because it needed a row out of the shared mode's order
-(`LedgerOrderError`).
+(`LedgerOrderError`). Either lock is taken by the statement of the accept's state change, once its row is written
+(`ledger_lock.lock_in_next_statement`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.models import Job
 from api.services.errors import InvalidRequestError
 from api.services.host_assignments import job_hosts, write_host_assignments
-from api.services.ledger_lock import REDONE, LedgerOrderError, lock_ledger, share_ledger
+from api.services.ledger_lock import REDONE, LedgerOrderError, lock_in_next_statement
 from api.services.maintenance_approvals import queue_approval
 from api.services.negotiation_resize import replace, resize
 from api.services.negotiation_store import NegotiationRecord, announce, change_state, offer_of, read_job_again
@@ -74,13 +75,16 @@ async def _accept(
         if option >= len(offer.options):
             raise InvalidRequestError(f"option {option} does not exist: the offer has {len(offer.options)} option(s)")
         chosen = offer.options[option]
-        # the negotiation's own part first, outside the ledger lock: its version guards it (`load_for_change`)
-        await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option)
+        # the negotiation's own part first, outside the ledger lock: its version guards it (`load_for_change`); the
+        # same statement then takes the lock (PostgreSQL)
+        shares = not (whole_ledger or chosen.replaced_hosts or negotiation.kind is NegotiationKind.APPROVE_MAINTENANCE)
+        async with lock_in_next_statement(session, share_for=(job.tenant_id, job.id) if shares else None) as lock:
+            await change_state(session, negotiation, RoundAction.ACCEPT, now=now, accepted_option=option,
+                               then_lock=lock)
         await append_step(session, record, RoundAction.ACCEPT, at=now, option=option, note=chosen.reason or None)
         # the job may have changed while the accept waited for the lock (PostgreSQL): read it again, unless the
         # option resizes it, whose counters' update reads it again in the same statement (`resize`'s `read_again`)
-        shares = not (whole_ledger or chosen.replaced_hosts or negotiation.kind is NegotiationKind.APPROVE_MAINTENANCE)
-        waited = await (share_ledger(session, (job.tenant_id, job.id)) if shares else lock_ledger(session))
+        waited = lock is not None
         read_again = now - QUARANTINE if waited else None
         resizes = not chosen.replaced_hosts and chosen.workers not in (None, job.desired_workers)
         if read_again is not None and not resizes:

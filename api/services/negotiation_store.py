@@ -26,6 +26,7 @@ from api.models_quarantines import left_recently
 from api.models_standby import StandbyNode
 from api.services.errors import NotFoundError
 from api.services.ledger_hosts import HostSnapshot, snapshot_column, snapshot_from_column
+from api.services.ledger_lock import StatementLock
 from api.services.negotiation_lifecycle import ACTORS, InvalidTransitionError, next_status
 from api.services.outbox import enqueue_tenant_event
 from harmonaize.events import NegotiationUpdate
@@ -312,19 +313,22 @@ async def append_round(
 
 
 async def change_state(
-    session: AsyncSession, negotiation: Negotiation, action: RoundAction, *, now: datetime, **values: Any
+    session: AsyncSession, negotiation: Negotiation, action: RoundAction, *, now: datetime,
+    then_lock: StatementLock | None = None, **values: Any
 ) -> NegotiationState:
     """Apply `action` to an offered negotiation if nobody changed it since it was read; returns the new state.
 
     `values` are the other columns to set (round, terms, offer, ...). For a counter, pass `state` explicitly: the
     table leads to the transient AWAITING_PROVIDER step and the provider's answer decides the stored state.
+    `then_lock`: the same statement takes the ledger's lock once the row is written (`ledger_lock`'s
+    `lock_in_next_statement`, an accept's).
     """
     target = values.pop("state", None) or next_status(negotiation.state, action)
     assert isinstance(target, NegotiationState), f"{target} is not a stored state"
     params = {f"new_{name}": value for name, value in values.items()}
     params.update(old_id=negotiation.id, old_tenant=negotiation.tenant_id, old_state=negotiation.state,
                   old_version=negotiation.version, new_state=target, new_updated_at=now)
-    result = await execute_core(session, _change_statement(tuple(sorted(values))), params)
+    result = await execute_core(session, _change_statement(tuple(sorted(values)), then_lock), params)
     if rows_matched(result) != 1:
         current = await session.scalar(select(Negotiation.state).where(Negotiation.id == negotiation.id))
         raise InvalidTransitionError(current or negotiation.state, action)
@@ -334,11 +338,12 @@ async def change_state(
 
 
 @functools.cache
-def _change_statement(names: tuple[str, ...]) -> Update:
-    """`change_state`'s guarded UPDATE setting `names` besides the state, version and time, built once per set of
-    names (a handful) on the table, with parameters: every answer to an offer runs one (`api.db.execute_core`)."""
+def _change_statement(names: tuple[str, ...], then_lock: StatementLock | None) -> Update:
+    """`change_state`'s guarded UPDATE setting `names` besides the state, version and time (and returning the
+    ledger's lock, `then_lock`), built once per set of names (a handful) on the table, with parameters: every answer
+    to an offer runs one (`api.db.execute_core`)."""
     columns = _NEGOTIATIONS.c
-    return (
+    statement = (
         update(_NEGOTIATIONS)
         .where(
             columns.id == bindparam("old_id"),
@@ -353,6 +358,7 @@ def _change_statement(names: tuple[str, ...]) -> Update:
             **{name: bindparam(f"new_{name}", type_=columns[name].type) for name in names},
         )
     )
+    return statement if then_lock is None else statement.returning(then_lock.column)
 
 
 def negotiation_update(negotiation: Negotiation, *, now: datetime) -> NegotiationUpdate:

@@ -80,7 +80,7 @@ def _free_capacity(hosts: HostSnapshot, *, exclude: Collection[str] = ()) -> Fre
 async def _answer(
     session: AsyncSession, job: Job, kind: NegotiationKind, terms: NegotiationTerms, ctx: NegotiationContext, *,
     avoided: frozenset[str], hosts: HostSnapshot,
-) -> tuple[NegotiationState, dict[str, object], str]:
+) -> tuple[NegotiationState, dict[str, Any], str]:
     """Run the policy: (stored state, columns to set, the round's note). `avoided`: `avoided_hosts` of the job;
     `hosts`: its `host_snapshot`, both read in this transaction (and reused for the warm joiners)."""
     replacing = await resolve(session, job, terms.replace_hosts, secret=ctx.pseudonym_secret)
