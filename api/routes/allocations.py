@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import AdminDep, NowDep, SessionDep, WakeRelayDep
 from api.schemas import AllocationCreate, AllocationId, AllocationPublic
-from api.services import ledger
+from api.services import allocations, ledger
 from harmonaize.ids import JobId, TenantId
 
 router = APIRouter(tags=["allocations"])
@@ -33,7 +33,7 @@ async def allocate(
     body: AllocationCreate, _admin: AdminDep, session: SessionDep, now: NowDep, wake: WakeRelayDep
 ) -> AllocationPublic:
     """Grant GPUs (whole workers) to a job; 409 when no host in scope has room or the job is at its max_workers."""
-    placement = await ledger.allocate(
+    placement = await allocations.allocate(
         session,
         tenant_id=body.tenant_id,
         job_id=body.job_id,
@@ -54,7 +54,7 @@ async def list_allocations(
     job_id: Annotated[JobId | None, Query()] = None,
     include_released: bool = False,
 ) -> list[AllocationPublic]:
-    placements = await ledger.list_placements(
+    placements = await allocations.list_placements(
         session, tenant_id=tenant_id, job_id=job_id, include_released=include_released
     )
     return [_public(placement) for placement in placements]
@@ -65,6 +65,6 @@ async def release(
     allocation_id: AllocationId, _admin: AdminDep, session: SessionDep, now: NowDep, wake: WakeRelayDep
 ) -> AllocationPublic:
     """Return an allocation's GPUs to its host and job; 409 if it was already released."""
-    placement = await ledger.release(session, allocation_id, now=now)
+    placement = await allocations.release(session, allocation_id, now=now)
     wake()
     return _public(placement)

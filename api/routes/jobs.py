@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from api.deps import CurrentTenant, NowDep, PseudonymSecretDep, SessionDep, WakeRelayDep
 from api.schemas import JobCreate, TenantAllocationPublic, job_public
 from api.services import jobs as service
-from api.services.ledger import list_placements
+from api.services.allocations import list_placements
 from api.services.tenant_views import tenant_allocation
 from harmonaize.ids import JobId
 from harmonaize.rest import JobPublic

@@ -18,7 +18,7 @@ from api.schemas import AcceptBody, CloseBody
 from api.services import negotiation_accept
 from api.services import negotiations as service
 from api.services.negotiation_history import MAX_PAGE, HistoryFilter, get_negotiation, list_negotiations
-from api.services.negotiation_store import public, summary
+from api.services.negotiation_views import public, summary
 from harmonaize.ids import JobId
 from harmonaize.negotiation import NegotiationKind, NegotiationRequest, NegotiationState, NegotiationTerms
 from harmonaize.rest import NegotiationPage, NegotiationPublic

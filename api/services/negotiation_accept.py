@@ -31,7 +31,8 @@ from api.services.host_assignments import job_hosts, write_host_assignments
 from api.services.ledger_lock import REDONE, LedgerOrderError, lock_in_next_statement
 from api.services.maintenance_approvals import queue_approval
 from api.services.negotiation_resize import replace, resize
-from api.services.negotiation_store import NegotiationRecord, announce, change_state, offer_of, read_job_again
+from api.services.negotiation_store import announce, change_state, read_job_again
+from api.services.negotiation_views import NegotiationRecord, offer_of
 from api.services.negotiations import NegotiationContext, append_step, finish, load_open, stand_down_warm
 from api.services.worker_replacement import QUARANTINE
 from harmonaize.negotiation import NegotiationKind, RoundAction

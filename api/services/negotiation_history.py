@@ -21,7 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Negotiation
 from api.services.errors import InvalidRequestError
-from api.services.negotiation_store import NegotiationRecord, expire, load, load_record
+from api.services.negotiation_store import expire, load, load_record
+from api.services.negotiation_views import NegotiationRecord
 from harmonaize.negotiation import NegotiationKind, NegotiationState
 
 MAX_PAGE = 200

@@ -37,7 +37,6 @@ from api.services.negotiation_policy import (
     decide,
 )
 from api.services.negotiation_store import (
-    NegotiationRecord,
     Opened,
     announce,
     append_round,
@@ -45,10 +44,9 @@ from api.services.negotiation_store import (
     expire,
     load_for_change,
     load_for_open,
-    offer_of,
-    public,
     queue_opened,
 )
+from api.services.negotiation_views import NegotiationRecord, offer_of, public
 from api.services.standby import stand_by, stand_down
 from api.services.worker_replacement import QUARANTINE, avoided_hosts, resolve
 from api.single_statement import run_single_statement

@@ -29,7 +29,7 @@ from api.models import Job, Negotiation
 from api.models_standby import StandbyNode
 from api.services.ledger import preview_placement
 from api.services.ledger_hosts import HostSnapshot, host_snapshot
-from api.services.negotiation_store import offer_of
+from api.services.negotiation_views import offer_of
 from api.services.worker_replacement import resolve
 from harmonaize.negotiation import NegotiationState
 

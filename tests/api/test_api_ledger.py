@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from api.db import make_engine, make_sessionmaker
 from api.models import Allocation, Host, Job
 from api.schemas import JobCreate
-from api.services import hosts, jobs, ledger
+from api.services import allocations, hosts, jobs, ledger
 from api.services.errors import ConflictError, InsufficientCapacityError, NotFoundError
 from api.services.tenants import TenantRegistry
 from harmonaize.settings import Settings
@@ -60,7 +60,7 @@ async def test_concurrent_allocations_through_the_service(sessions: async_sessio
         group = "rack-a" if index % 2 else None
         async with sessions() as session:
             try:
-                await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=1, locality_group=group)
+                await allocations.allocate(session, tenant_id="acme", job_id="train", gpus=1, locality_group=group)
             except InsufficientCapacityError:
                 return False
             return True
@@ -75,13 +75,13 @@ async def test_concurrent_allocations_through_the_service(sessions: async_sessio
 
 async def test_release_returns_gpus_exactly_once(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as session:
-        placement = await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=2, host_id="h-b1")
+        placement = await allocations.allocate(session, tenant_id="acme", job_id="train", gpus=2, host_id="h-b1")
     allocation_id = placement.allocation.id
 
     async def release() -> bool:
         async with sessions() as session:
             try:
-                await ledger.release(session, allocation_id)
+                await allocations.release(session, allocation_id)
             except ConflictError:
                 return False
             return True
@@ -93,17 +93,19 @@ async def test_release_returns_gpus_exactly_once(sessions: async_sessionmaker[As
 
 async def test_allocation_scope_and_unknowns(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as session:
-        placement = await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=3, locality_group="rack-a")
+        placement = await allocations.allocate(
+            session, tenant_id="acme", job_id="train", gpus=3, locality_group="rack-a"
+        )
         assert placement.locality_group == "rack-a"
         assert placement.allocation.host_id in {"h-a1", "h-a2"}
     async with sessions() as session:
         with pytest.raises(InsufficientCapacityError):
-            await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=3, host_id="h-b1")
+            await allocations.allocate(session, tenant_id="acme", job_id="train", gpus=3, host_id="h-b1")
     for kwargs in ({"host_id": "nope"}, {"locality_group": "nope"}, {"job_id": "nope"}, {"tenant_id": "nope"}):
         arguments = {"tenant_id": "acme", "job_id": "train", "gpus": 1} | kwargs
         async with sessions() as session:
             with pytest.raises(NotFoundError):
-                await ledger.allocate(session, **arguments)  # type: ignore[arg-type]
+                await allocations.allocate(session, **arguments)  # type: ignore[arg-type]
     assert await _ledger_totals(sessions) == (3, 3)
 
 
@@ -173,7 +175,7 @@ async def test_new_workers_join_the_jobs_hosts_then_its_group_and_shrinking_drop
 ) -> None:
     """A job on h-b1 grows: h-b1 first (same host), then, rack-b being full, the roomiest other group's host."""
     async with sessions() as session:
-        await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=1, host_id="h-b1")
+        await allocations.allocate(session, tenant_id="acme", job_id="train", gpus=1, host_id="h-b1")
     start = datetime.now(UTC) + timedelta(hours=1)
     async with sessions() as session:
         job = await session.get(Job, ("acme", "train"))
@@ -208,7 +210,7 @@ async def test_workers_placed_at_one_time_are_released_newest_first_all_the_same
     """One transaction's placements share their time: a shrink still releases the ones placed last (by their
     time-ordered ids), not any of them at random. Repeated, since a random tie-break passes a third of the time."""
     async with sessions() as session:
-        await ledger.allocate(session, tenant_id="acme", job_id="train", gpus=1, host_id="h-b1")
+        await allocations.allocate(session, tenant_id="acme", job_id="train", gpus=1, host_id="h-b1")
     for attempt in range(5):
         now = datetime.now(UTC) + timedelta(hours=1 + attempt)
         async with sessions() as session:
@@ -236,4 +238,4 @@ async def test_workers_placed_at_one_time_are_released_newest_first_all_the_same
 
 async def _placements(maker: async_sessionmaker[AsyncSession]) -> list[ledger.Placement]:
     async with maker() as session:
-        return await ledger.list_placements(session, tenant_id="acme", job_id="train")
+        return await allocations.list_placements(session, tenant_id="acme", job_id="train")

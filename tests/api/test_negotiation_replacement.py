@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from api.models import Host, OutboxTopic
 from api.models_quarantines import JobHostQuarantine
-from api.services.ledger import list_placements
+from api.services.allocations import list_placements
 from api.services.worker_replacement import QUARANTINE
 from harmonaize.desired_state import HostAssignment
 from harmonaize.negotiation import RoundAction

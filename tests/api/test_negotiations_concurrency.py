@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from api.models import Host, Negotiation
 from api.models_quarantines import JobHostQuarantine
-from api.services.ledger import list_placements
+from api.services.allocations import list_placements
 from api.services.ledger_lock import lock_ledger
 from harmonaize.negotiation import NegotiationState
 from harmonaize.pseudonyms import host_pseudonym
