@@ -204,6 +204,8 @@ class HandledStore:
         self._checkpoint_max_age = checkpoint_max_age
         self.checkpoints = 0
         """Background checkpoints done (a test or a metrics exporter reads it)."""
+        self._checkpointed_commits = 0
+        """`_wal_commits` as the last background checkpoint started: what it covered."""
         self.commits = 0
         """Commits that wrote handled records (a group commit counts once)."""
         self.prune()
@@ -267,16 +269,16 @@ class HandledStore:
                 db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
             return db
 
-        checkpointed_at_commits, checkpointed_at = self._wal_commits, time.monotonic()
+        self._checkpointed_commits, checkpointed_at = self._wal_commits, time.monotonic()
         try:
             while not self._stop.wait(interval):
                 try:
-                    unchecked = self._wal_commits - checkpointed_at_commits
+                    unchecked = self.uncheckpointed_commits
                     age = time.monotonic() - checkpointed_at
                     if unchecked >= self._checkpoint_every or (unchecked and age >= self._checkpoint_max_age):
                         committed = self._wal_commits  # before: a commit during the checkpoint counts for the next one
                         self._checkpoint(connection())
-                        checkpointed_at_commits, checkpointed_at = committed, time.monotonic()
+                        self._checkpointed_commits, checkpointed_at = committed, time.monotonic()
                         self.checkpoints += 1
                     if self._writes - self._pruned_at_writes >= PRUNE_EVERY:
                         self._pruned_at_writes = self._writes
@@ -286,6 +288,12 @@ class HandledStore:
         finally:
             if db is not None:
                 db.close()
+
+    @property
+    def uncheckpointed_commits(self) -> int:
+        """Commits no background checkpoint has covered yet. At 0 the WAL is folded in and restarts from its start at
+        the next write; a checkpoint that ran beside the writer leaves this above 0 and the WAL growing meanwhile."""
+        return self._wal_commits - self._checkpointed_commits
 
     @staticmethod
     def _checkpoint(db: sqlite3.Connection) -> None:
