@@ -38,7 +38,14 @@ from api.models import Allocation, Host, Job
 from api.models_quarantines import left_recently
 from api.services import ledger_rows
 from api.services.errors import ConflictError, InsufficientCapacityError, JobLimitError
-from api.services.ledger_hosts import HostRoom, HostSnapshot, host_preference, host_snapshot
+from api.services.ledger_hosts import (
+    HostRoom,
+    HostSnapshot,
+    host_preference,
+    host_snapshot,
+    snapshot_column,
+    snapshot_from_column,
+)
 from api.services.ledger_lock import (
     held_already,
     held_by_update,
@@ -84,6 +91,17 @@ _CHANGE_WORKERS_READING = (  # the same update on the mapped class, so that it c
 _SHRINK_READING = _CHANGE_WORKERS_READING.returning(locked_hosts_of_job().label("locked_hosts"))
 """For a shrink, whose hosts are the job's own: they are locked by the same statement. Not for a grow, whose new
 hosts, chosen later, may sort before them (`ledger_lock.hold_hosts` then locks all of them at once)."""
+_GROW_READING = _CHANGE_WORKERS_READING.returning(snapshot_column("postgresql", tenant_param="tenant", job_param="job"))
+"""For a grow: the hosts as its placement starts from (`host_snapshot`), read by the same statement. The update
+writes no host or allocation row, so the read sees what a statement of its own after it would."""
+
+
+@dataclass(frozen=True)
+class CountersMoved:
+    """What the counters' update of `change_job_workers_reading` read besides the job."""
+
+    hosts: HostSnapshot | None
+    """A grow's: the hosts with room and the job's own, for `place_workers`' first round (a shrink's: None)."""
 
 
 async def change_job_workers(
@@ -111,26 +129,27 @@ async def change_job_workers(
 
 async def change_job_workers_reading(
     session: AsyncSession, job: Job, workers: int, *, expected_workers: int, quarantine_since: datetime
-) -> bool:
+) -> CountersMoved | None:
     """`change_job_workers` with `expected_workers`, for a `job` read before the caller waited for the ledger lock:
     the same statement returns the job's row as it is now, which refreshes `job` (whether it left a host since
     `quarantine_since` included), so the update doubles as the read again. A shrink's also locks the job's hosts,
-    after its row, as `ledger_lock.hold_hosts` would in a statement of its own (only PostgreSQL runs this). False, with
-    nothing changed, when the update did not apply (the job changed meanwhile, or the limits refuse): read the job
-    again and decide anew.
+    after its row, as `ledger_lock.hold_hosts` would in a statement of its own; a grow's reads the hosts its
+    placement starts from (only PostgreSQL runs this). None, with nothing changed, when the update did not apply (the
+    job changed meanwhile, or the limits refuse): read the job again and decide anew.
     """
     params = {
         "tenant": job.tenant_id, "job": job.id, "delta": workers, "expected": expected_workers,
         "quarantine_since": quarantine_since,
     }
     shrink = workers < 0
-    row = (await session.execute(_SHRINK_READING if shrink else _CHANGE_WORKERS_READING, params)).first()
+    row = (await session.execute(_SHRINK_READING if shrink else _GROW_READING, params)).first()
     if row is None:
-        return False
+        return None
     set_committed_value(job, "left_hosts_recently", bool(row[1]))
     if shrink:
         held_already(session, row[2] or ())
-    return True
+        return CountersMoved(hosts=None)
+    return CountersMoved(hosts=snapshot_from_column(row[2]))
 
 
 async def place_workers(
@@ -141,17 +160,20 @@ async def place_workers(
     now: datetime,
     starts_at: datetime | None = None,
     exclude_hosts: Collection[str] = (),
+    snapshot: HostSnapshot | None = None,
 ) -> list[Placement]:
     """Reserve `count` more workers for `job`, one allocation row per worker, inside the caller's transaction.
 
     The job's own counters are not touched (see `change_job_workers`). `exclude_hosts` are never used (the hosts a
-    replacement moves workers off). Raises InsufficientCapacityError when not all fit; the caller must then roll
-    back, which undoes the workers placed so far.
+    replacement moves workers off). `snapshot`: `host_snapshot` read already in this transaction, for the first
+    round. Raises InsufficientCapacityError when not all fit; the caller must then roll back, which undoes the
+    workers placed so far.
     """
     placed: list[Placement] = []
     per_worker = job.gpus_per_worker
     for _ in range(PLACEMENT_ROUNDS):
-        snapshot = await host_snapshot(session, job)
+        if snapshot is None:
+            snapshot = await host_snapshot(session, job)
         ranked = await host_preference(session, job, exclude_hosts, snapshot=snapshot)
         # the ledger held shared: the job's hosts and the ones the workers should go to, locked in one go before any
         # is written (`ledger_lock`), or by the first grant's own update when that is all of them; a host reached
@@ -186,6 +208,7 @@ async def place_workers(
                 placed.append(Placement(allocation=allocation, locality_group=group))
             if len(placed) == count:
                 return placed
+        snapshot = None  # lost every race: the next round reads the hosts again
     raise InsufficientCapacityError(
         f"not enough free capacity: room for {len(placed)} of the {count} more workers "
         f"({per_worker} GPU(s) each, on one host)"

@@ -32,13 +32,15 @@ class HostSnapshot:
     """The job's live GPUs (effective or reserved) per host, with the host's locality group."""
 
 
-def _snapshot_statement() -> Select[str, str, int, datetime | None, int | None]:
+def _snapshot_statement(
+    tenant_param: str = "tenant_id", job_param: str = "job_id"
+) -> Select[str, str, int, datetime | None, int | None]:
     allocation, host = Allocation.__table__.c, Host.__table__.c
     used = (
         select(allocation.host_id, func.sum(allocation.gpus).label("gpus"))
         .where(
-            allocation.tenant_id == bindparam("tenant_id"),
-            allocation.job_id == bindparam("job_id"),
+            allocation.tenant_id == bindparam(tenant_param),
+            allocation.job_id == bindparam(job_param),
             allocation.released_at.is_(None),
         )
         .group_by(allocation.host_id)
@@ -63,11 +65,14 @@ async def host_snapshot(session: AsyncSession, job: Job) -> HostSnapshot:
     return _snapshot(sorted((host, group, free, down_at is None, gpus) for host, group, free, down_at, gpus in rows))
 
 
-def snapshot_column(dialect: str) -> ColumnElement[Any]:
-    """`host_snapshot` of the job named by the parameters `tenant_id` and `job_id`, as one JSON array column (one
-    `[host, group, free GPUs, up, the job's GPUs]` per host, in no order), for a statement that reads it beside
-    other rows: a new request reads it with its key and job (`negotiation_store.load_for_open`), one round trip."""
-    rows = _snapshot_statement().subquery()
+def snapshot_column(
+    dialect: str, *, tenant_param: str = "tenant_id", job_param: str = "job_id"
+) -> ColumnElement[Any]:
+    """`host_snapshot` of the job named by the parameters `tenant_param` and `job_param`, as one JSON array column
+    (one `[host, group, free GPUs, up, the job's GPUs]` per host, in no order), for a statement that reads it beside
+    other rows: a new request reads it with its key and job (`negotiation_store.load_for_open`), an accepted grow
+    with the update of its job's counters (`ledger.change_job_workers_reading`), one round trip each."""
+    rows = _snapshot_statement(tenant_param, job_param).subquery()
     up = rows.c.down_at.is_(None)
     if dialect == "postgresql":
         entries = func.json_agg(func.json_build_array(rows.c.id, rows.c.locality_group, rows.c.free, up, rows.c.gpus))

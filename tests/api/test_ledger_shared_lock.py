@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from api.models import Allocation, Job, OutboxTopic
 from api.services import ledger_rows
 from api.services.ledger import change_job_workers, change_job_workers_reading, new_allocation_id, place_workers
+from api.services.ledger_hosts import host_snapshot
 from api.services.ledger_lock import LedgerOrderError, hold_hosts, hold_job, share_ledger
 from harmonaize.desired_state import HostAssignment
 from tests.api.api_testkit import ADMIN, FakeClock, TenantHandle, create_host, create_job
@@ -242,6 +243,37 @@ async def test_a_shrinks_update_of_its_job_locks_the_jobs_hosts_in_the_same_stat
             await other.rollback()
             assert free is (host not in wide), (host, wide)
         await shrinking.rollback()
+
+
+async def test_a_grows_update_of_its_job_reads_the_hosts_as_they_are_when_it_runs(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """The placement of an accepted grow starts from the hosts its counters' update read: they must be the ledger's
+    as that statement runs (a host gone down in a commit after the transaction began is no longer a room), equal to
+    what a statement of their own reads next; an update the job's size refuses changes nothing and reads nothing."""
+    await create_host(client, "h1", gpus=2, group="rack-a")
+    await create_host(client, "h2", gpus=4, group="rack-b")
+    await create_job(client, acme, "train", initial_workers=1, max_workers=3, gpus_per_worker=1)
+    (own,) = await hosts_of(app, "train")
+    other_host = ({"h1", "h2"} - {own}).pop()
+
+    async with app.state.sessionmaker() as growing, app.state.sessionmaker() as admin:
+        await share_ledger(growing, ("acme", "train"))
+        job = await growing.get_one(Job, ("acme", "train"))
+        refused = await change_job_workers_reading(growing, job, 1, expected_workers=2, quarantine_since=clock.now)
+        assert refused is None, "the job has 1 worker, not 2"
+        await admin.execute(text("UPDATE hosts SET down_at = now() WHERE id = :id"), {"id": other_host})
+        await admin.commit()
+        moved = await change_job_workers_reading(growing, job, 1, expected_workers=1, quarantine_since=clock.now)
+        assert moved is not None and moved.hosts is not None
+        assert moved.hosts == await host_snapshot(growing, job)
+        assert [room[0] for room in moved.hosts.rooms] == [own], "the other host went down after the lock was taken"
+        assert moved.hosts.usage == {own: ("rack-a" if own == "h1" else "rack-b", 1)}
+        assert job.desired_workers == 2, "the update read the job again"
+        placed = await place_workers(growing, job, 1, now=clock.now, snapshot=moved.hosts)
+        assert [placement.allocation.host_id for placement in placed] == [own]
+        await growing.rollback()
+    assert await _ledger_workers(app) == {own: {"train": 1}}, "rolled back: nothing changed"
 
 
 async def _locked_elsewhere(app: FastAPI, hosts: list[str]) -> dict[str, bool]:
