@@ -24,12 +24,13 @@ transaction (a negotiation's acceptance, a job's creation); the admin's one-shot
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import cast
+from datetime import UTC, datetime
+from typing import Any, cast
 
-from sqlalchemy import Integer, Table, bindparam, select, update
+from sqlalchemy import Integer, ScalarSelect, Table, bindparam, func, select, update
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -88,9 +89,33 @@ _CHANGE_WORKERS_READING = (  # the same update on the mapped class, so that it c
     .returning(Job, left_recently().label("left_recently"))
     .execution_options(populate_existing=True, synchronize_session=False)
 )
-_SHRINK_READING = _CHANGE_WORKERS_READING.returning(locked_hosts_of_job().label("locked_hosts"))
-"""For a shrink, whose hosts are the job's own: they are locked by the same statement. Not for a grow, whose new
-hosts, chosen later, may sort before them (`ledger_lock.hold_hosts` then locks all of them at once)."""
+_MOST_RECENT_FIRST = (
+    select(Allocation)
+    .where(
+        Allocation.tenant_id == bindparam("tenant"), Allocation.job_id == bindparam("job"),
+        Allocation.released_at.is_(None),
+    )
+    .order_by(Allocation.created_at.desc(), Allocation.id.desc())
+)
+"""A job's live allocations, the most recent first (the ones a shrink releases); rows made at the same time (one
+transaction's, or under a test's frozen clock) in the order they were made, by their time-ordered ids."""
+
+
+def _most_recent_first_column() -> ScalarSelect[Any]:
+    """`_MOST_RECENT_FIRST` as one JSON array (`[id, host, GPUs, created_at, starts_at]` each, in that order), for
+    the update of the job's row to read beside it (PostgreSQL)."""
+    live = _MOST_RECENT_FIRST.with_only_columns(_A.id, _A.host_id, _A.gpus, _A.created_at, _A.starts_at).subquery()
+    entry = func.json_build_array(live.c.id, live.c.host_id, live.c.gpus, live.c.created_at, live.c.starts_at)
+    newest_first = aggregate_order_by(entry, live.c.created_at.desc(), live.c.id.desc())
+    return select(func.json_agg(newest_first)).scalar_subquery()
+
+
+_SHRINK_READING = _CHANGE_WORKERS_READING.returning(
+    locked_hosts_of_job().label("locked_hosts"), _most_recent_first_column().label("most_recent_first")
+)
+"""For a shrink, whose hosts are the job's own: they are locked by the same statement, which reads the allocations
+it releases too. Not for a grow, whose new hosts, chosen later, may sort before them (`ledger_lock.hold_hosts` then
+locks all of them at once)."""
 _GROW_READING = _CHANGE_WORKERS_READING.returning(snapshot_column("postgresql", tenant_param="tenant", job_param="job"))
 """For a grow: the hosts as its placement starts from (`host_snapshot`), read by the same statement. The update
 writes no host or allocation row, so the read sees what a statement of its own after it would."""
@@ -100,8 +125,10 @@ writes no host or allocation row, so the read sees what a statement of its own a
 class CountersMoved:
     """What the counters' update of `change_job_workers_reading` read besides the job."""
 
-    hosts: HostSnapshot | None
-    """A grow's: the hosts with room and the job's own, for `place_workers`' first round (a shrink's: None)."""
+    hosts: HostSnapshot | None = None
+    """A grow's: the hosts with room and the job's own, for `place_workers`' first round."""
+    most_recent_first: list[Allocation] | None = None
+    """A shrink's: the job's live allocations, the most recent first, for `release_workers`."""
 
 
 async def change_job_workers(
@@ -148,8 +175,21 @@ async def change_job_workers_reading(
     set_committed_value(job, "left_hosts_recently", bool(row[1]))
     if shrink:
         held_already(session, row[2] or ())
-        return CountersMoved(hosts=None)
+        return CountersMoved(most_recent_first=[_allocation_from_entry(job, entry) for entry in row[3] or ()])
     return CountersMoved(hosts=snapshot_from_column(row[2]))
+
+
+def _allocation_from_entry(job: Job, entry: list[Any]) -> Allocation:
+    """A live allocation of `job` as `_most_recent_first_column` holds it (timestamps in ISO 8601, with offset)."""
+    allocation_id, host_id, gpus, created_at, starts_at = entry
+    return Allocation(
+        id=allocation_id, tenant_id=job.tenant_id, job_id=job.id, host_id=host_id, gpus=int(gpus),
+        created_at=_utc(created_at), starts_at=None if starts_at is None else _utc(starts_at), released_at=None,
+    )
+
+
+def _utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
 
 
 async def place_workers(
@@ -234,31 +274,24 @@ async def preview_placement(
     return plan if sum(plan.values()) == count else None
 
 
-_MOST_RECENT_FIRST = (
-    select(Allocation)
-    .where(
-        Allocation.tenant_id == bindparam("tenant"), Allocation.job_id == bindparam("job"),
-        Allocation.released_at.is_(None),
-    )
-    .order_by(Allocation.created_at.desc(), Allocation.id.desc())
-)
-"""A job's live allocations, the most recent first (the ones a shrink releases); rows made at the same time (one
-transaction's, or under a test's frozen clock) in the order they were made, by their time-ordered ids."""
-
-
 def new_allocation_id() -> str:
     """A time-ordered id (a UUIDv7's 32 hex digits): among rows with one `created_at`, the larger id is the later row,
     so "the most recent workers" is exact, where random ids made a shrink release one of them at random."""
     return uuid7().replace("-", "")
 
 
-async def release_workers(session: AsyncSession, job: Job, count: int, *, now: datetime) -> set[str]:
+async def release_workers(
+    session: AsyncSession, job: Job, count: int, *, now: datetime, most_recent_first: Sequence[Allocation] | None = None
+) -> set[str]:
     """Release the job's `count` most recent workers inside the caller's transaction; returns the hosts touched.
 
     A row holding several workers (an admin allocation) is released whole and its remainder re-inserted on the same
-    host, so rows stay an exact record of what was granted when.
+    host, so rows stay an exact record of what was granted when. `most_recent_first`: the job's live allocations,
+    read already in this transaction (`change_job_workers_reading`).
     """
-    rows = (await session.scalars(_MOST_RECENT_FIRST, {"tenant": job.tenant_id, "job": job.id})).all()
+    rows = most_recent_first
+    if rows is None:
+        rows = (await session.scalars(_MOST_RECENT_FIRST, {"tenant": job.tenant_id, "job": job.id})).all()
     # the ledger held shared: every host of the job is rewritten (its epoch moves on), so all are locked first
     await hold_hosts(session, {allocation.host_id for allocation in rows})
     remaining = count * job.gpus_per_worker

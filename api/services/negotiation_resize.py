@@ -14,8 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.models import Job
 from api.services.errors import InsufficientCapacityError
-from api.services.ledger import change_job_workers, change_job_workers_reading, place_workers, release_workers
-from api.services.ledger_hosts import HostSnapshot
+from api.services.ledger import (
+    CountersMoved,
+    change_job_workers,
+    change_job_workers_reading,
+    place_workers,
+    release_workers,
+)
 from api.services.negotiation_store import read_job_again
 from api.services.worker_replacement import avoided_hosts, move_workers, quarantine, resolve
 
@@ -30,11 +35,10 @@ async def resize(
 
     `read_again`: the quarantine's start, when `job` was read before the caller waited for the ledger lock
     (PostgreSQL): the update of its counters then refreshes it too (`change_job_workers_reading`; a grow's also
-    reads the hosts its placement starts from), and if the job changed meanwhile it is read anew and the size
-    decided on what it is now (the target is absolute).
-    """
+    reads the hosts its placement starts from, a shrink's the allocations it releases), and if the job changed
+    meanwhile it is read anew and the size decided on what it is now (the target is absolute)."""
     delta = workers - job.desired_workers
-    hosts: HostSnapshot | None = None
+    moved: CountersMoved | None = None
     if read_again is not None:
         moved = await change_job_workers_reading(session, job, delta, expected_workers=job.desired_workers,
                                                  quarantine_since=read_again)
@@ -44,15 +48,15 @@ async def resize(
                 return set()
             return await resize(session, job, workers, now=now, starts_at=starts_at, secret=secret,
                                 expires_at=expires_at)
-        hosts = moved.hosts
     else:
         await change_job_workers(session, job, delta, expected_workers=job.desired_workers)
     if delta < 0:
-        return await release_workers(session, job, -delta, now=now)
+        return await release_workers(session, job, -delta, now=now,
+                                     most_recent_first=moved.most_recent_first if moved else None)
     avoid = await avoided_hosts(session, job, secret=secret, now=now)
     try:
         placed = await place_workers(session, job, delta, now=now, starts_at=starts_at, exclude_hosts=avoid,
-                                     snapshot=hosts)
+                                     snapshot=moved.hosts if moved else None)
     except InsufficientCapacityError as exc:
         raise _capacity_gone(exc, expires_at) from exc
     return {placement.allocation.host_id for placement in placed}

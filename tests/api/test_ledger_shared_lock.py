@@ -7,8 +7,9 @@ taken while it waits, so that its placement moves to a host sorting before one i
 whole ledger (counted in `/v1/metrics`) and still places its worker. A grow on the one host its job runs on leaves
 that host's lock to its grant's update, which must then really hold it; if that update finds the host full after
 all, the host is locked before the next one, so the order holds and nothing is redone. A shrink's update of its job
-locks the job's hosts itself (another session cannot have them). Many accepts at once on jobs spread over several
-hosts leave the ledger's totals equal and each host's last desired state equal to what the ledger holds.
+locks the job's hosts itself (another session cannot have them) and reads the allocations it releases; a grow's
+reads the hosts as they are when it runs. Many accepts at once on jobs spread over several hosts leave the
+ledger's totals equal and each host's last desired state equal to what the ledger holds.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
+from collections.abc import Sequence
 
 import httpx
 import pytest
@@ -26,7 +28,13 @@ from sqlalchemy.exc import DBAPIError
 
 from api.models import Allocation, Job, OutboxTopic
 from api.services import ledger_rows
-from api.services.ledger import change_job_workers, change_job_workers_reading, new_allocation_id, place_workers
+from api.services.ledger import (
+    change_job_workers,
+    change_job_workers_reading,
+    new_allocation_id,
+    place_workers,
+    release_workers,
+)
 from api.services.ledger_hosts import host_snapshot
 from api.services.ledger_lock import LedgerOrderError, hold_hosts, hold_job, share_ledger
 from harmonaize.desired_state import HostAssignment
@@ -242,6 +250,44 @@ async def test_a_shrinks_update_of_its_job_locks_the_jobs_hosts_in_the_same_stat
                 free = False
             await other.rollback()
             assert free is (host not in wide), (host, wide)
+        await shrinking.rollback()
+
+
+async def test_a_shrinks_update_of_its_job_reads_the_allocations_it_releases_as_the_ledger_holds_them(
+    app: FastAPI, client: httpx.AsyncClient, acme: TenantHandle, clock: FakeClock
+) -> None:
+    """The release takes the job's most recent workers from the rows that update read (one JSON column): they must
+    be the live rows a statement of their own reads, in its order, with their exact times (a reservation's start
+    included), or the wrong worker goes."""
+    await create_host(client, "h1", gpus=2, group="rack-a")
+    await create_host(client, "h2", gpus=2, group="rack-a")
+    await create_job(client, acme, "wide", initial_workers=3, max_workers=4, gpus_per_worker=1)
+    async with app.state.sessionmaker() as admin:
+        reserved = await admin.scalar(text(
+            "UPDATE allocations SET starts_at = now() + interval '1 hour 0.000123 second' WHERE id = "
+            "(SELECT min(id) FROM allocations WHERE job_id = 'wide') RETURNING id"
+        ))
+        await admin.commit()
+
+    async with app.state.sessionmaker() as shrinking:
+        await share_ledger(shrinking, ("acme", "wide"))
+        job = await shrinking.get_one(Job, ("acme", "wide"))
+        moved = await change_job_workers_reading(shrinking, job, -1, expected_workers=3, quarantine_since=clock.now)
+        assert moved is not None and moved.most_recent_first is not None and moved.hosts is None
+        own_read = (await shrinking.scalars(
+            select(Allocation).where(Allocation.job_id == "wide", Allocation.released_at.is_(None))
+            .order_by(Allocation.created_at.desc(), Allocation.id.desc())
+        )).all()
+
+        def fields(rows: Sequence[Allocation]) -> list[tuple[object, ...]]:
+            return [(a.id, a.tenant_id, a.job_id, a.host_id, a.gpus, a.created_at, a.starts_at) for a in rows]
+
+        assert fields(moved.most_recent_first) == fields(own_read) and len(own_read) == 3
+        assert [a.starts_at is not None for a in moved.most_recent_first] == [a.id == reserved for a in own_read]
+        touched = await release_workers(shrinking, job, 1, now=clock.now, most_recent_first=moved.most_recent_first)
+        assert touched == {own_read[0].host_id}
+        released = await shrinking.scalars(select(Allocation.id).where(Allocation.released_at.is_not(None)))
+        assert list(released) == [own_read[0].id]
         await shrinking.rollback()
 
 
