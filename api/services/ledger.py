@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Integer, ScalarSelect, Table, bindparam, func, select, update
@@ -55,6 +55,7 @@ from api.services.ledger_lock import (
     locked_hosts_of_job,
 )
 from harmonaize.timeids import uuid7
+from harmonaize.times import parse_rfc3339
 
 PLACEMENT_ROUNDS = 3
 """Re-reads of the candidate hosts before giving up: each round only starts if the previous one lost every race."""
@@ -104,7 +105,8 @@ transaction's, or under a test's frozen clock) in the order they were made, by t
 def _most_recent_first_column() -> ScalarSelect[Any]:
     """`_MOST_RECENT_FIRST` as one JSON array (`[id, host, GPUs, created_at, starts_at]` each, in that order), for
     the update of the job's row to read beside it (PostgreSQL)."""
-    live = _MOST_RECENT_FIRST.with_only_columns(_A.id, _A.host_id, _A.gpus, _A.created_at, _A.starts_at).subquery()
+    columns = (_A.id, _A.host_id, _A.gpus, _A.created_at, _A.starts_at)
+    live = _MOST_RECENT_FIRST.with_only_columns(*columns).order_by(None).subquery()  # ordered by the aggregate
     entry = func.json_build_array(live.c.id, live.c.host_id, live.c.gpus, live.c.created_at, live.c.starts_at)
     newest_first = aggregate_order_by(entry, live.c.created_at.desc(), live.c.id.desc())
     return select(func.json_agg(newest_first)).scalar_subquery()
@@ -184,12 +186,9 @@ def _allocation_from_entry(job: Job, entry: list[Any]) -> Allocation:
     allocation_id, host_id, gpus, created_at, starts_at = entry
     return Allocation(
         id=allocation_id, tenant_id=job.tenant_id, job_id=job.id, host_id=host_id, gpus=int(gpus),
-        created_at=_utc(created_at), starts_at=None if starts_at is None else _utc(starts_at), released_at=None,
+        created_at=parse_rfc3339(created_at), starts_at=None if starts_at is None else parse_rfc3339(starts_at),
+        released_at=None,
     )
-
-
-def _utc(text: str) -> datetime:
-    return datetime.fromisoformat(text).astimezone(UTC)
 
 
 async def place_workers(

@@ -36,7 +36,8 @@ async def resize(
     `read_again`: the quarantine's start, when `job` was read before the caller waited for the ledger lock
     (PostgreSQL): the update of its counters then refreshes it too (`change_job_workers_reading`; a grow's also
     reads the hosts its placement starts from, a shrink's the allocations it releases), and if the job changed
-    meanwhile it is read anew and the size decided on what it is now (the target is absolute)."""
+    meanwhile it is read anew and the size decided on what it is now (the target is absolute).
+    """
     delta = workers - job.desired_workers
     moved: CountersMoved | None = None
     if read_again is not None:
